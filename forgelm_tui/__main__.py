@@ -1,0 +1,5 @@
+"""``python -m forgelm_tui``."""
+
+from forgelm_tui.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""``forgelm-tui demo``: a small, real DDP training run on CPU (torch, gloo)."""

@@ -1,0 +1,115 @@
+"""What the engine tells views: frozen facts, named in the past tense.
+
+Times are wall-clock epoch seconds (``at``) unless named ``*_mono`` (``time.monotonic``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Stream = Literal["stdout", "stderr"]
+
+
+@dataclass(frozen=True)
+class RunStarted:
+    run_id: str
+    world_size: int
+    argv: tuple[str, ...]
+    run_dir: str
+    at: float
+
+
+@dataclass(frozen=True)
+class RankStarted:
+    rank: int
+    local_rank: int
+    pid: int
+    at: float
+
+
+@dataclass(frozen=True)
+class RankOutput:
+    """One read chunk of a rank's stream, split into sanitised complete lines."""
+
+    rank: int
+    stream: Stream
+    lines: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class RankSampled:
+    rank: int
+    cpu_percent: float
+    rss_bytes: int
+    children: int
+    output_age: float  # seconds since the rank last printed anything
+    quiet: bool  # no output, CPU or heartbeat progress for the quiet threshold
+
+
+@dataclass(frozen=True)
+class RankSignalled:
+    rank: int
+    signal: int
+    reason: str
+    at: float
+
+
+@dataclass(frozen=True)
+class RankExited:
+    rank: int
+    exit_code: int | None
+    signal: int | None
+    signalled_first: bool
+    at: float
+
+
+@dataclass(frozen=True)
+class RunStopping:
+    kind: str  # StopKind value
+    reason: str
+    grace: float
+    deadline_mono: float
+    live_ranks: tuple[int, ...]
+    at: float
+
+
+@dataclass(frozen=True)
+class StopCountdown:
+    """Sent about once a second while a stop waits for ranks to end."""
+
+    seconds_left: float
+    live_ranks: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class RunStalled:
+    seconds: float
+    ranks: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class SignalForwarded:
+    signal: int
+    ranks: tuple[int, ...]
+    at: float
+
+
+@dataclass(frozen=True)
+class RunFinished:
+    at: float
+
+
+Event = (
+    RunStarted
+    | RankStarted
+    | RankOutput
+    | RankSampled
+    | RankSignalled
+    | RankExited
+    | RunStopping
+    | StopCountdown
+    | RunStalled
+    | SignalForwarded
+    | RunFinished
+)

@@ -1,0 +1,59 @@
+"""Make untrusted child output safe to show: no escape sequences, no markup surprises."""
+
+from __future__ import annotations
+
+import re
+
+MAX_LINE_CHARS = 2000
+
+# CSI (ESC [ ... final), OSC (ESC ] ... BEL or ST), other two-byte ESC sequences, and the
+# 8-bit CSI introducer.
+_ESCAPES = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]"
+    r"|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?"
+    r"|\x1b[PX^_][^\x1b]*(?:\x1b\\)?"
+    r"|\x1b[@-Z\\-_]"
+    r"|\x1b"
+    r"|\x9b[0-?]*[ -/]*[@-~]"
+)
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def sanitize_line(raw: str) -> str:
+    """One line of child output as plain, printable text.
+
+    Keeps only what a terminal would finally show after carriage returns (progress bars),
+    drops escape sequences and control characters, expands tabs and caps the length.
+    """
+    line = raw.rstrip("\r")
+    if "\r" in line:
+        line = line.rsplit("\r", 1)[1]
+    line = _ESCAPES.sub("", line)
+    line = _CONTROLS.sub("", line).expandtabs(4)
+    if len(line) > MAX_LINE_CHARS:
+        line = line[: MAX_LINE_CHARS - 1] + "…"
+    return line
+
+
+class LineSplitter:
+    """Turns chunks of bytes into sanitised complete lines, holding back a partial last line."""
+
+    def __init__(self, max_pending: int = 64 * 1024) -> None:
+        self._pending = b""
+        self._max_pending = max_pending
+
+    def feed(self, chunk: bytes) -> list[str]:
+        data = self._pending + chunk
+        parts = data.split(b"\n")
+        self._pending = parts.pop()
+        if len(self._pending) > self._max_pending:
+            # A line without end (a progress bar that never prints \n): show what we have.
+            parts.append(self._pending)
+            self._pending = b""
+        return [sanitize_line(p.decode("utf-8", "replace")) for p in parts]
+
+    def flush(self) -> list[str]:
+        if not self._pending:
+            return []
+        rest, self._pending = self._pending, b""
+        return [sanitize_line(rest.decode("utf-8", "replace"))]

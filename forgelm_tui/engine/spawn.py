@@ -1,0 +1,97 @@
+"""Starting rank processes: one session per rank, a parent-death signal, pipes for the drain."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import os
+import signal
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _load_prctl() -> Callable[..., int] | None:
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    try:
+        libc = ctypes.CDLL(name, use_errno=True)
+    except OSError:
+        return None
+    prctl: Callable[..., int] = libc.prctl
+    return prctl
+
+
+_PRCTL = _load_prctl()
+
+
+def _child_setup(parent_pid: int, death_signal: int) -> Callable[[], None]:
+    """Runs in the child between fork and exec.
+
+    The parent-death signal reaches the rank itself when the supervisor dies; the guardian
+    (see guardian.py) reaches the rest of the rank's process group.
+    """
+
+    def setup() -> None:
+        if _PRCTL is not None:
+            _PRCTL(_PR_SET_PDEATHSIG, death_signal, 0, 0, 0)
+        if os.getppid() != parent_pid:  # the supervisor died before prctl took effect
+            os._exit(1)
+
+    return setup
+
+
+def spawn_rank(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    cwd: Path | None,
+    death_signal: int = signal.SIGTERM,
+) -> subprocess.Popen[bytes]:
+    """Start one rank in its own session with non-blocking stdout/stderr pipes."""
+    proc = subprocess.Popen(
+        list(argv),
+        env=dict(env),
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        close_fds=True,
+        preexec_fn=_child_setup(os.getpid(), death_signal),  # noqa: PLW1509 - no threads yet
+    )
+    for pipe in (proc.stdout, proc.stderr):
+        assert pipe is not None
+        os.set_blocking(pipe.fileno(), False)
+    return proc
+
+
+def signal_group(pgid: int, sig: int) -> bool:
+    """Signal a rank's whole process group; False when nothing of it is left."""
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return False
+    return True
+
+
+def signal_process(pid: int, sig: int) -> bool:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def group_alive(pgid: int) -> bool:
+    with contextlib.suppress(PermissionError):
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+    return True

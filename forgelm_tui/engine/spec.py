@@ -1,0 +1,80 @@
+"""What to launch and how: the launch spec and the torchrun-compatible rank environment."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# torchrun sets these per worker (torch/distributed/run.py and the local elastic agent).
+_TORCHRUN_CLEARED = ("TORCHELASTIC_USE_AGENT_STORE",)
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """Everything the engine needs to run one node's ranks. Built by the CLI, never mutated."""
+
+    argv: tuple[str, ...]  # what every rank executes, argv[0] resolved
+    run_id: str
+    run_dir: Path
+    nproc_per_node: int
+    master_addr: str
+    master_port: int
+    nnodes: int = 1
+    node_rank: int = 0
+    grace: float = 30.0  # SIGTERM -> SIGKILL, one shared deadline
+    drain: float = 60.0  # after rank 0 ends with an outcome, how long the others may finish
+    stall_timeout: float | None = None  # no progress from any rank this long -> stop
+    quiet_after: float = 10.0  # a rank with no progress this long is marked quiet
+    sample_interval: float = 1.0
+    forward_signals: tuple[int, ...] = (signal.SIGUSR1, signal.SIGUSR2)
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+    cwd: Path | None = None
+    unbuffered: bool = True  # PYTHONUNBUFFERED=1 unless the caller set it
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.nproc_per_node
+
+    def global_rank(self, local_rank: int) -> int:
+        return self.node_rank * self.nproc_per_node + local_rank
+
+    def error_file(self, rank: int) -> Path:
+        return self.run_dir / f"rank-{rank}.error.json"
+
+    def log_file(self, rank: int, stream: str) -> Path:
+        return self.run_dir / f"rank-{rank}.{stream}.log"
+
+
+def rank_env(spec: LaunchSpec, local_rank: int, base: Mapping[str, str]) -> dict[str, str]:
+    """The environment torchrun would give this rank, on top of ``base``."""
+    rank = spec.global_rank(local_rank)
+    env = {k: v for k, v in base.items() if k not in _TORCHRUN_CLEARED}
+    env.update(spec.extra_env)
+    env.update(
+        {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(local_rank),
+            "WORLD_SIZE": str(spec.world_size),
+            "LOCAL_WORLD_SIZE": str(spec.nproc_per_node),
+            "GROUP_RANK": str(spec.node_rank),
+            "GROUP_WORLD_SIZE": str(spec.nnodes),
+            "ROLE_RANK": str(rank),
+            "ROLE_NAME": "default",
+            "ROLE_WORLD_SIZE": str(spec.world_size),
+            "MASTER_ADDR": spec.master_addr,
+            "MASTER_PORT": str(spec.master_port),
+            "TORCHELASTIC_RUN_ID": spec.run_id,
+            "TORCHELASTIC_RESTART_COUNT": "0",
+            "TORCHELASTIC_MAX_RESTARTS": "0",
+            "TORCHELASTIC_ERROR_FILE": str(spec.error_file(rank)),
+            "FORGELM_TUI_RUN_DIR": str(spec.run_dir),
+        }
+    )
+    env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    if spec.world_size > 1 or spec.nproc_per_node > 1:
+        env.setdefault("OMP_NUM_THREADS", "1")
+    if spec.unbuffered:
+        env.setdefault("PYTHONUNBUFFERED", "1")
+    return env

@@ -1,0 +1,254 @@
+"""The JSON envelope (SPEC §6): schema, build, atomic write.
+
+Every field is documented in docs/envelope.md. No environment values ever go in: they may hold
+secrets.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import tempfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from forgelm_tui import __version__
+from forgelm_tui.engine.records import CancelRequest, Purpose, RankRecord, StopRecord
+from forgelm_tui.verdict import Contract, Verdict
+
+SCHEMA = "forgelm-tui/envelope/v1"
+ERROR_TAIL_LINES = 20
+
+
+@dataclass
+class RunInfo:
+    """The run-level facts the envelope needs, whether or not any rank ever started."""
+
+    run_id: str
+    command: Sequence[str]  # forgelm-tui's own command line
+    mode: str  # forgelm | script | module | program | demo | unknown
+    contract: Contract
+    rank_argv: Sequence[str] = ()
+    world_size: int = 0
+    nproc_per_node: int = 0
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str | None = None
+    master_port: int | None = None
+    run_dir: str | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    grace: float | None = None
+    drain: float | None = None
+    stall_timeout: float | None = None
+    error: str | None = None  # pre-launch error, one line
+    job_config: str | None = None
+    last_exit_path: str | None = None
+    envelope_paths: list[str] = field(default_factory=list)
+
+
+def iso(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace(
+        "+00:00", "Z"
+    )
+
+
+def _sig_name(sig: int | None) -> str | None:
+    if sig is None:
+        return None
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"SIG{sig}"
+
+
+def _verdict_dict(verdict: Verdict) -> dict[str, Any]:
+    return {
+        "exit_code": verdict.code,
+        "exit_name": verdict.name,
+        "exit_meaning": verdict.meaning,
+        "ci_action": verdict.ci_action,
+        "decided_by": {
+            "rule": verdict.rule,
+            "explanation": verdict.rule_text,
+            "rank": verdict.deciding_rank,
+        },
+        "disagreements": [{"rank": r, "exit_code": c} for r, c in verdict.disagreements],
+    }
+
+
+def _error_file(path: str) -> dict[str, Any] | None:
+    """The root-cause record a ``@record``-decorated rank leaves in its error file."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    message = data.get("message") if isinstance(data, dict) else None
+    if isinstance(message, dict):
+        extra = message.get("extraInfo") or {}
+        return {
+            "message": message.get("message"),
+            "traceback": extra.get("py_callstack") if isinstance(extra, dict) else None,
+            "timestamp": extra.get("timestamp") if isinstance(extra, dict) else None,
+        }
+    return {"message": message, "traceback": None, "timestamp": None}
+
+
+def rank_dict(
+    record: RankRecord, failed: bool, result: dict[str, Any] | None
+) -> dict[str, Any]:
+    duration = None
+    if record.started_mono is not None and record.ended_mono is not None:
+        duration = round(record.ended_mono - record.started_mono, 3)
+    signals = [
+        {
+            "signal": _sig_name(s.signal),
+            "at": iso(s.at),
+            "reason": s.reason,
+            "purpose": s.purpose.value,
+        }
+        for s in record.signals_sent
+    ]
+    first_stop = next(
+        (s for s in record.signals_sent if s.purpose in (Purpose.STOP, Purpose.KILL)), None
+    )
+    return {
+        "rank": record.rank,
+        "local_rank": record.local_rank,
+        "node_rank": record.node_rank,
+        "pid": record.pid,
+        "state": record.state.value,
+        "exit_code": record.exit_code,
+        "signal": _sig_name(record.signal),
+        "signalled_by_supervisor": record.signalled_first,
+        "signalled_at": iso(first_stop.at) if first_stop else None,
+        "signalled_reason": first_stop.reason if first_stop else None,
+        "signals_sent": signals,
+        "started_at": iso(record.started_at),
+        "ended_at": iso(record.ended_at),
+        "duration_s": duration,
+        "stdout_log": record.stdout_log,
+        "stderr_log": record.stderr_log,
+        "stdout_bytes": record.stdout_bytes,
+        "stderr_bytes": record.stderr_bytes,
+        "peak_rss_bytes": record.peak_rss_bytes,
+        "stalled": record.stalled,
+        "stopped_from_outside": record.stopped_from_outside,
+        "stderr_tail": list(record.stderr_tail)[-ERROR_TAIL_LINES:] if failed else None,
+        "error": _error_file(record.error_file) if failed else None,
+        "forgelm_result": result,
+    }
+
+
+def build(
+    info: RunInfo,
+    verdict: Verdict,
+    records: Iterable[RankRecord] = (),
+    *,
+    stop: StopRecord | None = None,
+    cancels: Sequence[CancelRequest] = (),
+    results: dict[int, dict[str, Any]] | None = None,
+    provisional: bool = False,
+) -> dict[str, Any]:
+    """The envelope as a JSON-ready dict."""
+    results = results or {}
+    ranks = sorted(records, key=lambda r: r.rank)
+    duration = None
+    if info.started_at is not None and info.ended_at is not None:
+        duration = round(info.ended_at - info.started_at, 3)
+    cancel = cancels[0] if cancels else None
+    envelope: dict[str, Any] = {
+        "schema": SCHEMA,
+        "tool": {"name": "forgelm-tui", "version": __version__},
+        "provisional": provisional,
+        "run_id": info.run_id,
+        **_verdict_dict(verdict),
+        "contract": info.contract.value,
+        "error": info.error,
+        "cancelled": {
+            "by": cancel.origin,
+            "signal": _sig_name(cancel.signal),
+            "at": iso(cancel.at),
+            "requests": len(cancels),
+        }
+        if cancel
+        else None,
+        "stop": {
+            "kind": stop.kind.value,
+            "reason": stop.reason,
+            "origin": stop.origin,
+            "at": iso(stop.at),
+            "grace_s": info.grace,
+            "killed_at": iso(stop.killed_at),
+        }
+        if stop
+        else None,
+        "command": list(info.command),
+        "mode": info.mode,
+        "rank_command": list(info.rank_argv),
+        "world_size": info.world_size,
+        "nproc_per_node": info.nproc_per_node,
+        "nnodes": info.nnodes,
+        "node_rank": info.node_rank,
+        "master_addr": info.master_addr,
+        "master_port": info.master_port,
+        "settings": {
+            "grace_s": info.grace,
+            "drain_s": info.drain,
+            "stall_timeout_s": info.stall_timeout,
+        },
+        "run_dir": info.run_dir,
+        "job_config": info.job_config,
+        "started_at": iso(info.started_at),
+        "ended_at": iso(info.ended_at),
+        "duration_s": duration,
+        "root_cause_rank": verdict.deciding_rank if verdict.rule == 2 else None,
+        "result": results.get(0),
+        "ranks": [
+            rank_dict(r, r.ended_mono is not None and r.outcome().failed_on_own, results.get(r.rank))
+            for r in ranks
+        ],
+    }
+    return envelope
+
+
+def write_atomic(path: Path, envelope: dict[str, Any]) -> None:
+    """Write via a temp file in the same directory, fsync, rename, fsync the directory."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = (json.dumps(envelope, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    with contextlib.suppress(OSError):
+        dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+
+def write_all(paths: Iterable[Path], envelope: dict[str, Any]) -> list[str]:
+    """Write to every destination; returns the errors (one line each) for those that failed."""
+    errors = []
+    for path in paths:
+        try:
+            write_atomic(path, envelope)
+        except OSError as exc:
+            errors.append(f"cannot write envelope {path}: {exc.strerror or exc}")
+    return errors

@@ -1,0 +1,215 @@
+"""The headless view (``--no-tui``): plain rank-prefixed lines and a final summary.
+
+Nothing here may block the engine: lines go to a writer thread with a bounded buffer, a closed
+stdout (``| head``) only stops the printing, and no cursor or colour codes are ever written.
+Child text is printed as is (already sanitised by the engine), never through a markup parser.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterable
+
+from forgelm_tui.engine import events as ev
+from forgelm_tui.engine.records import RankRecord
+from forgelm_tui.verdict import Verdict, describe
+
+PREFIX = "[forgelm-tui]"
+MAX_BUFFER_BYTES = 64 * 1024 * 1024
+COUNTDOWN_EVERY = 5  # print the grace countdown every five seconds, and each of the last three
+
+
+class OutputSink:
+    """Writes text to a file descriptor from a background thread.
+
+    When the reader is slower than the ranks, up to ``max_bytes`` wait in memory; past that,
+    whole lines are dropped and a notice says how many (the per-rank log files keep every line).
+    """
+
+    def __init__(self, fd: int, max_bytes: int = MAX_BUFFER_BYTES) -> None:
+        self.fd = fd
+        self.broken = False
+        self._max = max_bytes
+        self._queue: collections.deque[bytes] = collections.deque()
+        self._size = 0
+        self._dropped = 0
+        self._closing = False
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="forgelm-tui-output", daemon=True)
+        self._thread.start()
+
+    def write(self, text: str, lines: int = 1) -> None:
+        data = text.encode("utf-8", "replace")
+        with self._cond:
+            if self.broken or self._closing:
+                return
+            if self._size + len(data) > self._max:
+                self._dropped += lines
+                return
+            if self._dropped:
+                notice = (
+                    f"{PREFIX} {self._dropped} lines not shown here (output too slow); "
+                    "the rank log files have every line\n"
+                ).encode()
+                self._queue.append(notice)
+                self._size += len(notice)
+                self._dropped = 0
+            self._queue.append(data)
+            self._size += len(data)
+            self._cond.notify()
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Flush what is queued, waiting at most ``timeout`` seconds."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closing:
+                    self._cond.wait()
+                if not self._queue and self._closing:
+                    return
+                batch = b"".join(self._queue)
+                self._queue.clear()
+                self._size = 0
+            if not self._write(batch):
+                with self._cond:
+                    self.broken = True
+                    self._queue.clear()
+                    self._size = 0
+                return
+
+    def _write(self, data: bytes) -> bool:
+        view = memoryview(data)
+        while view:
+            try:
+                written = os.write(self.fd, view)
+            except InterruptedError:
+                continue
+            except OSError:  # EPIPE, EBADF, EIO: the reader is gone; the run goes on
+                return False
+            view = view[written:]
+        return True
+
+
+class HeadlessView:
+    """Turns engine events into plain lines."""
+
+    def __init__(self, sink: OutputSink) -> None:
+        self._sink = sink
+        self._quiet: set[int] = set()
+        self._last_countdown: int | None = None
+
+    def note(self, message: str) -> None:
+        self._sink.write(f"{PREFIX} {message}\n")
+
+    def __call__(self, event: ev.Event) -> None:
+        match event:
+            case ev.RankOutput(rank=rank, lines=lines):
+                prefix = f"[rank {rank}] "
+                self._sink.write("".join(prefix + line + "\n" for line in lines), len(lines))
+            case ev.RunStarted(run_id=run_id, world_size=world, run_dir=run_dir):
+                self.note(f"run {run_id}: {world} rank(s); logs in {run_dir}")
+            case ev.RankStarted(rank=rank, pid=pid):
+                self.note(f"rank {rank} started (pid {pid})")
+            case ev.RankExited(rank=rank, exit_code=code, signal=sig):
+                self._quiet.discard(rank)
+                self.note(f"rank {rank} {_ending(code, sig)}")
+            case ev.RankSignalled(rank=rank, signal=sig, reason=reason):
+                self.note(f"rank {rank} <- {signal.Signals(sig).name} ({reason})")
+            case ev.RunStopping(reason=reason, grace=grace, live_ranks=live):
+                self._last_countdown = None
+                if live:
+                    self.note(
+                        f"stopping: {reason}; SIGTERM sent to rank(s) {_ranks(live)}, "
+                        f"SIGKILL in {grace:g} s for any still running"
+                    )
+                else:
+                    self.note(f"stopping: {reason}")
+            case ev.StopCountdown(seconds_left=left, live_ranks=live):
+                self._countdown(left, live)
+            case ev.RankSampled(rank=rank, quiet=quiet, output_age=age):
+                if quiet and rank not in self._quiet:
+                    self._quiet.add(rank)
+                    self.note(f"rank {rank} is quiet (no output for {age:.0f} s, no CPU use)")
+                elif not quiet:
+                    self._quiet.discard(rank)
+            case ev.RunStalled(seconds=seconds, ranks=ranks):
+                self.note(f"stalled: no progress from rank(s) {_ranks(ranks)} for {seconds:g} s")
+            case ev.SignalForwarded(signal=sig, ranks=ranks):
+                self.note(f"{signal.Signals(sig).name} forwarded to rank(s) {_ranks(ranks)}")
+            case _:
+                pass
+
+    def _countdown(self, left: float, live: tuple[int, ...]) -> None:
+        whole = round(left)
+        if whole == self._last_countdown:
+            return
+        if whole % COUNTDOWN_EVERY == 0 or whole <= 3:
+            self._last_countdown = whole
+            self.note(f"waiting for rank(s) {_ranks(live)} to stop: SIGKILL in {whole} s")
+
+    def summary(
+        self,
+        records: Iterable[RankRecord],
+        verdict: Verdict,
+        envelope_path: str | None,
+    ) -> None:
+        self._sink.write(summary_text(records, verdict, envelope_path))
+
+
+def _ranks(ranks: Iterable[int]) -> str:
+    return ",".join(str(r) for r in ranks) or "-"
+
+
+def _ending(code: int | None, sig: int | None) -> str:
+    if sig is not None:
+        return f"killed by {signal.Signals(sig).name}"
+    assert code is not None
+    return f"exited with {code} {describe(code)[0]}"
+
+
+def _duration(record: RankRecord) -> str:
+    if record.started_mono is None:
+        return "-"
+    end = record.ended_mono if record.ended_mono is not None else time.monotonic()
+    return f"{end - record.started_mono:.1f}s"
+
+
+def summary_text(
+    records: Iterable[RankRecord], verdict: Verdict, envelope_path: str | None
+) -> str:
+    header = ("rank", "pid", "state", "exit", "signal", "sent by supervisor", "time")
+    rows = [header]
+    for r in sorted(records, key=lambda r: r.rank):
+        sent = next((s for s in r.signals_sent if s.purpose.value in ("stop", "kill")), None)
+        last = r.signals_sent[-1] if r.signals_sent else None
+        rows.append(
+            (
+                str(r.rank),
+                str(r.pid or "-"),
+                r.state.value,
+                "-" if r.exit_code is None else str(r.exit_code),
+                signal.Signals(r.signal).name if r.signal else "-",
+                f"{signal.Signals(last.signal).name}: {sent.reason}"
+                if sent and last
+                else "-",
+                _duration(r),
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+             for row in rows]
+    out = [f"{PREFIX} summary", *lines]
+    for rank, code in verdict.disagreements:
+        out.append(f"{PREFIX} note: rank {rank} exited {code}, unlike rank 0")
+    where = f"; envelope: {envelope_path}" if envelope_path else ""
+    out.append(f"{PREFIX} exit {verdict.code} {verdict.name} ({verdict.rule_text}){where}")
+    return "\n".join(out) + "\n"

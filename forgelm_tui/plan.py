@@ -1,0 +1,197 @@
+"""From the operator's argv to a checked plan; every check happens before any rank starts."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from forgelm_tui.cli import (
+    DEFAULT_RUN_ROOT,
+    DEMO_MODULE,
+    FORGELM_MODULES,
+    Target,
+    UsageError,
+    build_parser,
+    check_port,
+    parse_count,
+    parse_signals,
+    split_argv,
+)
+from forgelm_tui.engine.spec import LaunchSpec
+from forgelm_tui.envelope import RunInfo
+from forgelm_tui.forgelm_mode import JobConfigError, find_config_arg, read_job_config
+from forgelm_tui.run import Plan
+from forgelm_tui.verdict import Contract
+
+
+class Planner:
+    """Collects what is known as parsing proceeds, so a pre-launch error still has a home."""
+
+    def __init__(self, args: list[str], run_id: str) -> None:
+        self.args = args
+        self.run_id = run_id
+        self.cwd = Path.cwd()
+        self.info = RunInfo(run_id=run_id, command=["forgelm-tui", *args], mode="unknown",
+                            contract=Contract.FORGELM)
+        self.ns: argparse.Namespace | None = None
+        self.run_dir: Path | None = None
+        self.extra_paths: list[Path] = []
+        self.output_format = "text"
+
+    # ------------------------------------------------------------- the happy path
+
+    def plan(self) -> Plan:
+        parser = build_parser()
+        options, target = split_argv(self.args, parser)
+        if target.mode == "demo":
+            parser = build_parser(demo=True)
+            options = options + target.args[1:]
+        self._lenient(parser, options)
+        ns = parser.parse_args(options)
+        self.ns = ns
+        self.output_format = ns.output_format
+        self.info.contract = Contract(ns.exit_contract)
+        self.run_dir = (ns.run_dir or Path(DEFAULT_RUN_ROOT) / self.run_id).absolute()
+        if ns.envelope is not None:
+            self.extra_paths.append(ns.envelope.absolute())
+        self._check_options(ns)
+        nproc = parse_count(ns.nproc_per_node, "--nproc-per-node", 2 if target.mode == "demo" else 1)
+        argv = self._rank_argv(ns, target)
+        port = check_port(ns.master_addr, ns.master_port)
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(f"--run-dir {self.run_dir}: cannot create ({exc.strerror})") from None
+        spec = LaunchSpec(
+            argv=tuple(argv),
+            run_id=self.run_id,
+            run_dir=self.run_dir,
+            nproc_per_node=nproc,
+            master_addr=ns.master_addr,
+            master_port=port,
+            grace=ns.grace,
+            drain=ns.drain,
+            stall_timeout=ns.stall_timeout,
+            forward_signals=parse_signals(ns.forward_signals),
+            cwd=self.cwd,
+        )
+        info = self.info
+        info.rank_argv = list(argv)
+        info.world_size = spec.world_size
+        info.nproc_per_node = nproc
+        info.master_addr = spec.master_addr
+        info.master_port = port
+        info.run_dir = str(self.run_dir)
+        info.grace, info.drain, info.stall_timeout = ns.grace, ns.drain, ns.stall_timeout
+        return Plan(
+            spec=spec,
+            info=info,
+            contract=info.contract,
+            output_format=ns.output_format,
+            view=self._view(ns),
+            envelope_paths=self.envelope_paths(),
+            forgelm_mode=info.mode == "forgelm",
+        )
+
+    def _check_options(self, ns: argparse.Namespace) -> None:
+        if ns.nnodes not in ("1", "1:1"):
+            raise UsageError("--nnodes: multi-node runs are not supported yet; use 1")
+        if ns.node_rank != "0":
+            raise UsageError("--node-rank: multi-node runs are not supported yet; use 0")
+        if ns.max_restarts != "0":
+            raise UsageError("--max-restarts: restarts are not supported; a failed run is "
+                             "reported with its true code")
+        for name in ("grace", "drain", "stall_timeout"):
+            value = getattr(ns, name)
+            if value is not None and value < 0:
+                raise UsageError(f"--{name.replace('_', '-')} must not be negative")
+        if ns.stall_timeout == 0:
+            raise UsageError("--stall-timeout must be more than 0 seconds")
+
+    def _rank_argv(self, ns: argparse.Namespace, target: Target) -> list[str]:
+        python = [sys.executable, "-u"]  # -u as torchrun: no output lost in a buffer
+        if target.mode == "none":
+            raise UsageError("nothing to run: give a script, -m module, --no-python program, "
+                             "--config job.yaml or demo (see --help)")
+        if target.mode == "demo":
+            from forgelm_tui.demo.options import demo_argv
+
+            self.info.mode = "demo"
+            return [*python, "-m", DEMO_MODULE, *demo_argv(ns)]
+        if target.mode == "forgelm":
+            return self._forgelm_argv(target.args[1:])
+        head, rest = target.args[0], target.args[1:]
+        if ns.module and ns.no_python:
+            raise UsageError("-m and --no-python cannot be used together")
+        if ns.module:
+            if head in FORGELM_MODULES:
+                return self._forgelm_argv(rest)
+            top = head.split(".", 1)[0]
+            if not top or importlib.util.find_spec(top) is None:
+                raise UsageError(f"-m {head}: no module named {top!r} in {sys.executable}")
+            self.info.mode = "module"
+            return [*python, "-m", head, *rest]
+        if ns.no_python:
+            if shutil.which(head) is None:
+                raise UsageError(f"--no-python {head}: no such program (not on PATH or not "
+                                 "executable)")
+            self.info.mode = "program"
+            return [head, *rest]
+        if head in FORGELM_MODULES and not Path(head).exists():
+            return self._forgelm_argv(rest)
+        if not Path(head).is_file():
+            raise UsageError(f"{head}: no such script")
+        if not os.access(head, os.R_OK):
+            raise UsageError(f"{head}: permission denied")
+        self.info.mode = "script"
+        return [*python, head, *rest]
+
+    def _forgelm_argv(self, forgelm_args: list[str]) -> list[str]:
+        self.info.mode = "forgelm"
+        config = find_config_arg(forgelm_args)
+        if config is None:
+            raise UsageError("ForgeLM mode needs --config job.yaml")
+        try:
+            job = read_job_config(config, self.cwd)
+        except JobConfigError as exc:
+            raise UsageError(str(exc)) from None
+        self.info.job_config = str(job.path)
+        last_exit = job.output_dir / "last_exit.json"
+        self.info.last_exit_path = str(last_exit)
+        self.extra_paths.append(last_exit)
+        if importlib.util.find_spec("forgelm") is None:
+            raise UsageError(f"ForgeLM is not installed for {sys.executable}: pip install forgelm")
+        return [sys.executable, "-u", "-m", "forgelm.cli", *forgelm_args]
+
+    def _view(self, ns: argparse.Namespace) -> str:
+        wanted = ns.tui
+        if wanted is None:
+            wanted = (
+                sys.stdout.isatty() and not os.environ.get("CI") and ns.output_format == "text"
+            )
+        if wanted and importlib.util.find_spec("forgelm_tui.tui") is not None:
+            return "tui"
+        return "headless"
+
+    # ------------------------------------------------------------- pre-launch errors
+
+    def _lenient(self, parser: argparse.ArgumentParser, options: list[str]) -> None:
+        """Pick up --run-dir, --envelope and --output-format even if the rest is bad."""
+        with contextlib.suppress(UsageError, SystemExit):
+            ns, _ = parser.parse_known_args(options)
+            self.output_format = ns.output_format
+            if ns.run_dir is not None:
+                self.run_dir = ns.run_dir.absolute()
+            if ns.envelope is not None:
+                self.extra_paths = [ns.envelope.absolute()]
+
+    def envelope_paths(self) -> list[Path]:
+        run_dir = self.run_dir or (Path(DEFAULT_RUN_ROOT) / self.run_id).absolute()
+        self.info.run_dir = str(run_dir)
+        paths = [run_dir / "envelope.json"]
+        return paths + [p for p in self.extra_paths if p not in paths]

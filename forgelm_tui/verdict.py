@@ -1,0 +1,210 @@
+"""The true exit code of a run (SPEC §5): pure functions from rank records to a verdict.
+
+Nothing here touches a process, a clock or a file; every rule is table-tested.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+# ForgeLM's public exit-code contract (SPEC §1).
+EXIT_CODES: dict[int, tuple[str, str, str]] = {
+    0: ("EXIT_SUCCESS", "completed, gates passed", "continue"),
+    1: ("EXIT_CONFIG_ERROR", "bad YAML / missing file / bad argument", "fail fast: fix config"),
+    2: (
+        "EXIT_TRAINING_ERROR",
+        "runtime error (OOM, NaN, I/O, crash, signal)",
+        "investigate logs",
+    ),
+    3: (
+        "EXIT_EVAL_FAILURE",
+        "benchmark or safety gate failed (auto-revert)",
+        "do not promote",
+    ),
+    4: (
+        "EXIT_AWAITING_APPROVAL",
+        "model staged, require_human_approval: true",
+        "request review",
+    ),
+    5: ("EXIT_WIZARD_CANCELLED", "wizard exited without writing a config", "no-op"),
+    6: ("EXIT_INTEGRITY_FAILURE", "an artefact's integrity check failed", "page the owner"),
+}
+
+# Codes with which a rank may end on its own without the run having failed: they are outcomes
+# (ForgeLM's main process decided them), so they never trigger a fail-fast stop.
+OUTCOME_CODES = frozenset({0, 3, 4, 5, 6})
+
+EXIT_CONFIG_ERROR = 1
+EXIT_TRAINING_ERROR = 2
+
+
+class Contract(str, Enum):
+    """How codes outside ForgeLM's table are reported."""
+
+    FORGELM = "forgelm"  # every code outside 0..6 becomes 2, as ForgeLM clamps
+    RAW = "raw"  # codes kept; a signal death is 128+N, as a shell reports it
+
+
+class StopKind(str, Enum):
+    """Why the supervisor stopped the ranks."""
+
+    CANCEL = "cancel"  # operator or an outside signal to the supervisor
+    FAILURE = "failure"  # a rank failed on its own (fail fast)
+    DRAIN = "drain"  # rank 0 ended with an outcome, the others outlived the drain window
+    STALL = "stall"  # no rank showed progress for the stall timeout
+
+
+@dataclass(frozen=True)
+class RankOutcome:
+    """The facts about how one rank ended, as the verdict needs them."""
+
+    rank: int
+    exit_code: int | None  # own exit status when it exited normally
+    signal: int | None  # signal number when it died of a signal
+    ended_at: float  # monotonic seconds; orders failures
+    signalled_first: bool  # the supervisor signalled it (stop or kill) before it ended
+    stopped_from_outside: bool = False  # it reported that it stopped on an outside signal
+
+    @property
+    def failed_on_own(self) -> bool:
+        """Ended in failure without the supervisor having signalled it first."""
+        if self.signalled_first:
+            return False
+        if self.signal is not None:
+            return True
+        return self.exit_code not in OUTCOME_CODES
+
+
+@dataclass(frozen=True)
+class StopFacts:
+    """The stop the supervisor made, if any."""
+
+    kind: StopKind
+    signal: int | None = None  # the signal that caused a cancel (SIGINT for the operator)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    code: int
+    name: str
+    meaning: str
+    ci_action: str
+    rule: int
+    rule_text: str
+    deciding_rank: int | None
+    disagreements: tuple[tuple[int, int], ...] = ()  # (rank, own code) differing from rank 0's
+
+    @property
+    def label(self) -> str:
+        """``4 AWAITING_APPROVAL``: the code and its short name, for views."""
+        return f"{self.code} {self.name.removeprefix('EXIT_')}"
+
+
+def describe(code: int) -> tuple[str, str, str]:
+    """Name, meaning and CI action for any code the process may exit with."""
+    if code in EXIT_CODES:
+        return EXIT_CODES[code]
+    if code > 128:
+        try:
+            sig_name = signal.Signals(code - 128).name
+        except ValueError:
+            sig_name = f"signal {code - 128}"
+        return (
+            f"SIGNAL_{sig_name}",
+            f"stopped by {sig_name} (128+{code - 128})",
+            "investigate logs",
+        )
+    return ("EXIT_OTHER", f"exit status {code}", "investigate logs")
+
+
+def rank_code(outcome: RankOutcome, contract: Contract) -> int:
+    """One rank's own status under a contract."""
+    if outcome.signal is not None:
+        return EXIT_TRAINING_ERROR if contract is Contract.FORGELM else 128 + outcome.signal
+    code = outcome.exit_code if outcome.exit_code is not None else EXIT_TRAINING_ERROR
+    if contract is Contract.FORGELM and not 0 <= code <= 6:
+        return EXIT_TRAINING_ERROR
+    return code
+
+
+def _make(
+    code: int,
+    rule: int,
+    text: str,
+    rank: int | None,
+    disagreements: tuple[tuple[int, int], ...] = (),
+) -> Verdict:
+    name, meaning, action = describe(code)
+    return Verdict(code, name, meaning, action, rule, text, rank, disagreements)
+
+
+def prelaunch_failure() -> Verdict:
+    """Rule 1: the supervisor's own input was bad; no rank was started."""
+    return _make(EXIT_CONFIG_ERROR, 1, "pre-launch failure: no rank was started", None)
+
+
+def decide(
+    outcomes: Sequence[RankOutcome],
+    stop: StopFacts | None,
+    contract: Contract = Contract.FORGELM,
+) -> Verdict:
+    """Resolve the run's true exit code from every rank's outcome (SPEC §5, rules 2-4)."""
+    if not outcomes:
+        return prelaunch_failure()
+    failures = sorted((o for o in outcomes if o.failed_on_own), key=lambda o: (o.ended_at, o.rank))
+    if failures:
+        root = failures[0]
+        how = f"signal {_sig_name(root.signal)}" if root.signal else f"exit {root.exit_code}"
+        return _make(
+            rank_code(root, contract),
+            2,
+            f"root cause: rank {root.rank} failed on its own ({how})",
+            root.rank,
+        )
+    rank0 = min(outcomes, key=lambda o: o.rank)
+    outside = sorted(
+        (o for o in outcomes if o.stopped_from_outside), key=lambda o: (o.ended_at, o.rank)
+    )
+    if stop is not None and stop.kind is StopKind.STALL and rank0.signalled_first:
+        return _make(EXIT_TRAINING_ERROR, 4, "stalled: no rank made progress", rank0.rank)
+    if rank0.signalled_first or outside:
+        return _stopped(rank0, outside, stop, contract)
+    code = rank_code(rank0, contract)
+    disagreements = tuple(
+        (o.rank, rank_code(o, contract))
+        for o in outcomes
+        if o.rank != rank0.rank and not o.signalled_first and rank_code(o, contract) != code
+    )
+    return _make(code, 3, f"rank {rank0.rank}'s own exit code", rank0.rank, disagreements)
+
+
+def _stopped(
+    rank0: RankOutcome,
+    outside: Sequence[RankOutcome],
+    stop: StopFacts | None,
+    contract: Contract,
+) -> Verdict:
+    """Rule 4: the run was stopped before it completed, whatever the ranks exited with after."""
+    if outside and not rank0.signalled_first:
+        deciding = outside[0].rank
+        text = f"interrupted: rank {deciding} stopped on a signal from outside"
+        sig = signal.SIGTERM
+    else:
+        deciding = rank0.rank
+        kind = stop.kind.value if stop else "stop"
+        text = f"interrupted: rank {deciding} was stopped by the supervisor ({kind})"
+        sig = stop.signal if stop and stop.signal else signal.SIGTERM
+    code = EXIT_TRAINING_ERROR if contract is Contract.FORGELM else 128 + int(sig)
+    return _make(code, 4, text, deciding)
+
+
+def _sig_name(sig: int | None) -> str:
+    if sig is None:
+        return "none"
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return str(sig)

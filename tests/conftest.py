@@ -1,0 +1,127 @@
+"""Shared helpers: run the real CLI in a subprocess, wait on conditions with deadlines."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+RANKS = Path(__file__).parent / "ranks"
+
+
+def wait_for(condition: Callable[[], Any], timeout: float, what: str, step: float = 0.02) -> Any:
+    """Poll ``condition`` until it is truthy; fail with ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(step)
+
+
+@dataclass
+class Run:
+    proc: subprocess.Popen[str]
+    run_dir: Path
+
+    def wait(self, timeout: float = 60) -> int:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+
+    def envelope(self) -> dict[str, Any]:
+        return json.loads((self.run_dir / "envelope.json").read_text())
+
+    def output(self) -> tuple[str, str]:
+        out, err = self.proc.communicate(timeout=30)
+        return out, err
+
+    def signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+
+def cli_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("FORCE_COLOR", None)
+    env["CI"] = "true"
+    env.update(extra or {})
+    return env
+
+
+def start(
+    args: Sequence[str],
+    tmp_path: Path,
+    *,
+    env: dict[str, str] | None = None,
+    stdout: int | None = subprocess.PIPE,
+) -> Run:
+    """Start ``forgelm-tui --no-tui --run-dir tmp/run ARGS`` with the test's interpreter."""
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "forgelm_tui", "--no-tui", "--run-dir", str(run_dir), *args]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=tmp_path,
+        env=cli_env(env),
+        stdin=subprocess.DEVNULL,
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    return Run(proc, run_dir)
+
+
+def run_cli(args: Sequence[str], tmp_path: Path, timeout: float = 60, **kw: Any) -> Run:
+    run = start(args, tmp_path, **kw)
+    run.wait(timeout)
+    return run
+
+
+def rank_script(name: str) -> str:
+    return str(RANKS / name)
+
+
+def pid_alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            state = handle.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+@pytest.fixture
+def marks(tmp_path: Path) -> Path:
+    path = tmp_path / "marks"
+    path.mkdir()
+    return path
+
+
+def ready_pids(marks: Path, ranks: int) -> list[int]:
+    """Wait until every rank wrote its ready file; return every pid they reported."""
+
+    def all_ready() -> list[int] | None:
+        files = [marks / f"ready-{r}" for r in range(ranks)]
+        if not all(f.exists() for f in files):
+            return None
+        return [int(p) for f in files for p in f.read_text().split()]
+
+    return list(wait_for(all_ready, 30, f"{ranks} ranks to be ready"))
+
+
+__all__ = ["RANKS", "Run", "pid_alive", "rank_script", "ready_pids", "run_cli", "signal", "start",
+           "wait_for"]
