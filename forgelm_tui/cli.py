@@ -124,7 +124,7 @@ def split_argv(argv: Sequence[str], parser: argparse.ArgumentParser) -> tuple[li
     """Split supervisor options from the target, the way torchrun does (first positional)."""
     takes_value = {
         opt: action.nargs != 0
-        for action in parser._actions  # noqa: SLF001 - argparse has no public table
+        for action in parser._actions
         for opt in action.option_strings
     }
     index = 0
@@ -237,8 +237,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     except SystemExit as exc:  # --help / --version
         return int(exc.code or 0)
-    if plan.view == "tui":
-        from forgelm_tui.tui.launch import execute_tui
-
-        return execute_tui(plan)
     return execute(plan)

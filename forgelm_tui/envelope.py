@@ -213,11 +213,15 @@ def build(
         "root_cause_rank": verdict.deciding_rank if verdict.rule == 2 else None,
         "result": results.get(0),
         "ranks": [
-            rank_dict(r, r.ended_mono is not None and r.outcome().failed_on_own, results.get(r.rank))
+            rank_dict(r, _failed(r), results.get(r.rank))
             for r in ranks
         ],
     }
     return envelope
+
+
+def _failed(record: RankRecord) -> bool:
+    return record.ended_mono is not None and record.outcome().failed_on_own
 
 
 def write_atomic(path: Path, envelope: dict[str, Any]) -> None:

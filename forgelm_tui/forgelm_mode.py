@@ -1,4 +1,4 @@
-"""ForgeLM specifics: reading the job's YAML and finding ForgeLM's JSON result in a rank's stdout."""
+"""ForgeLM specifics: the job's YAML, and ForgeLM's JSON result in a rank's stdout."""
 
 from __future__ import annotations
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.util
 import os
 import shutil
@@ -51,7 +50,7 @@ class Planner:
         if target.mode == "demo":
             parser = build_parser(demo=True)
             options = options + target.args[1:]
-        self._lenient(parser, options)
+        self._lenient(options)
         ns = parser.parse_args(options)
         self.ns = ns
         self.output_format = ns.output_format
@@ -60,7 +59,8 @@ class Planner:
         if ns.envelope is not None:
             self.extra_paths.append(ns.envelope.absolute())
         self._check_options(ns)
-        nproc = parse_count(ns.nproc_per_node, "--nproc-per-node", 2 if target.mode == "demo" else 1)
+        default_nproc = 2 if target.mode == "demo" else 1
+        nproc = parse_count(ns.nproc_per_node, "--nproc-per-node", default_nproc)
         argv = self._rank_argv(ns, target)
         port = check_port(ns.master_addr, ns.master_port)
         try:
@@ -180,15 +180,20 @@ class Planner:
 
     # ------------------------------------------------------------- pre-launch errors
 
-    def _lenient(self, parser: argparse.ArgumentParser, options: list[str]) -> None:
+    def _lenient(self, options: list[str]) -> None:
         """Pick up --run-dir, --envelope and --output-format even if the rest is bad."""
-        with contextlib.suppress(UsageError, SystemExit):
-            ns, _ = parser.parse_known_args(options)
-            self.output_format = ns.output_format
-            if ns.run_dir is not None:
-                self.run_dir = ns.run_dir.absolute()
-            if ns.envelope is not None:
-                self.extra_paths = [ns.envelope.absolute()]
+        for index, token in enumerate(options):
+            name, eq, value = token.partition("=")
+            if not eq:
+                value = options[index + 1] if index + 1 < len(options) else ""
+            if not value:
+                continue
+            if name == "--run-dir":
+                self.run_dir = Path(value).absolute()
+            elif name == "--envelope":
+                self.extra_paths = [Path(value).absolute()]
+            elif name == "--output-format" and value in ("text", "json"):
+                self.output_format = value
 
     def envelope_paths(self) -> list[Path]:
         run_dir = self.run_dir or (Path(DEFAULT_RUN_ROOT) / self.run_id).absolute()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 # ForgeLM's public exit-code contract (SPEC §1).
 EXIT_CODES: dict[int, tuple[str, str, str]] = {
@@ -41,14 +41,14 @@ EXIT_CONFIG_ERROR = 1
 EXIT_TRAINING_ERROR = 2
 
 
-class Contract(str, Enum):
+class Contract(StrEnum):
     """How codes outside ForgeLM's table are reported."""
 
     FORGELM = "forgelm"  # every code outside 0..6 becomes 2, as ForgeLM clamps
     RAW = "raw"  # codes kept; a signal death is 128+N, as a shell reports it
 
 
-class StopKind(str, Enum):
+class StopKind(StrEnum):
     """Why the supervisor stopped the ranks."""
 
     CANCEL = "cancel"  # operator or an outside signal to the supervisor
@@ -191,12 +191,12 @@ def _stopped(
     if outside and not rank0.signalled_first:
         deciding = outside[0].rank
         text = f"interrupted: rank {deciding} stopped on a signal from outside"
-        sig = signal.SIGTERM
+        sig: int = signal.SIGTERM
     else:
         deciding = rank0.rank
         kind = stop.kind.value if stop else "stop"
         text = f"interrupted: rank {deciding} was stopped by the supervisor ({kind})"
-        sig = stop.signal if stop and stop.signal else signal.SIGTERM
+        sig = stop.signal if stop and stop.signal else int(signal.SIGTERM)
     code = EXIT_TRAINING_ERROR if contract is Contract.FORGELM else 128 + int(sig)
     return _make(code, 4, text, deciding)
 

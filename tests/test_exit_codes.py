@@ -63,7 +63,8 @@ def test_raw_contract_keeps_codes_outside_forgelm_table(tmp_path: Path) -> None:
     assert run.proc.returncode == 17
     run = run_cli(["--nproc-per-node", "2", rank_script("exit_with.py"), "17"], tmp_path)
     assert run.proc.returncode == 2
-    assert run.envelope()["ranks"][0]["exit_code"] == 17
+    envelope = run.envelope()
+    assert envelope["ranks"][envelope["root_cause_rank"]]["exit_code"] == 17
 
 
 @pytest.mark.timeout(90)

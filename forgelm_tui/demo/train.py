@@ -75,7 +75,7 @@ def main() -> int:
         loss = nn.functional.mse_loss(model(x), y)
         optimizer.zero_grad()
         try:
-            loss.backward()  # DDP all-reduces the gradients here: every rank must be present
+            loss.backward()  # type: ignore[no-untyped-call]  # DDP all-reduces the gradients here: every rank must be present
         except RuntimeError as exc:
             if opts.ignore_sigterm_rank == rank:
                 stuck_forever(rank, f"lost its peers ({str(exc).splitlines()[0]})")

@@ -8,14 +8,14 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 from forgelm_tui.verdict import OUTCOME_CODES, RankOutcome, StopKind
 
 STDERR_TAIL_LINES = 40
 
 
-class RankState(str, Enum):
+class RankState(StrEnum):
     STARTING = "starting"
     RUNNING = "running"
     QUIET = "quiet"
@@ -25,7 +25,7 @@ class RankState(str, Enum):
     FAILED = "failed"  # ended on its own with a code outside the outcome set
 
 
-class Purpose(str, Enum):
+class Purpose(StrEnum):
     """Why a signal was sent to a rank."""
 
     STOP = "stop"  # SIGTERM of a coordinated stop

@@ -25,7 +25,7 @@ def sanitize_line(raw: str) -> str:
     Keeps only what a terminal would finally show after carriage returns (progress bars),
     drops escape sequences and control characters, expands tabs and caps the length.
     """
-    line = raw.rstrip("\r")
+    line = raw.rstrip("\r\n")
     if "\r" in line:
         line = line.rsplit("\r", 1)[1]
     line = _ESCAPES.sub("", line)

@@ -61,7 +61,7 @@ def spawn_rank(
         stderr=subprocess.PIPE,
         start_new_session=True,
         close_fds=True,
-        preexec_fn=_child_setup(os.getpid(), death_signal),  # noqa: PLW1509 - no threads yet
+        preexec_fn=_child_setup(os.getpid(), death_signal),
     )
     for pipe in (proc.stdout, proc.stderr):
         assert pipe is not None

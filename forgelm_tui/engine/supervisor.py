@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import IO
 
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.guardian import Guardian
@@ -22,15 +23,15 @@ from forgelm_tui.engine.records import (
     SignalSent,
     StopRecord,
 )
-from forgelm_tui.engine.sampler import CHILDREN_EVERY, IDLE_CPU_FRACTION, RankSampler
+from forgelm_tui.engine.sampler import IDLE_CPU_FRACTION, RankSampler
 from forgelm_tui.engine.sanitize import LineSplitter
 from forgelm_tui.engine.spawn import group_alive, signal_group, signal_process, spawn_rank
 from forgelm_tui.engine.spec import LaunchSpec, rank_env
 from forgelm_tui.verdict import StopKind
 
 Listener = Callable[[ev.Event], None]
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-PIPE_EOF_WAIT = 2.0  # after the last rank ends, how long a leftover holder of its pipes may keep them
+STOP_SIGNALS: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+PIPE_EOF_WAIT = 2.0  # after the last rank ends, how long a stray holder may keep its pipes
 READ_CHUNK = 1 << 16
 
 
@@ -152,10 +153,11 @@ class Supervisor:
         self._procs[record.rank] = proc
         self._samplers[record.rank] = RankSampler(proc.pid)
         assert proc.stdout is not None and proc.stderr is not None
-        for pipe, log_fd, stream in (
+        streams: tuple[tuple[IO[bytes], int, ev.Stream], ...] = (
             (proc.stdout, out_log, "stdout"),
             (proc.stderr, err_log, "stderr"),
-        ):
+        )
+        for pipe, log_fd, stream in streams:
             fd = pipe.fileno()
             self._open_fds.add(fd)
             self._log_fds[fd] = log_fd

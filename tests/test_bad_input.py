@@ -1,0 +1,109 @@
+"""Bad input: one clear line, exit 1, an envelope that says why, no traceback, no rank."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import cli_env, rank_script
+
+pytestmark = pytest.mark.timeout(30)
+
+
+@pytest.fixture
+def busy_port() -> Iterator[int]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
+
+
+def _cases(tmp: Path, port: int) -> dict[str, tuple[list[str], str]]:
+    (tmp / "bad.yaml").write_text("model: [unclosed\n")
+    (tmp / "list.yaml").write_text("- a\n- b\n")
+    (tmp / "noread.yaml").write_text("model: {}\n")
+    (tmp / "noread.yaml").chmod(0)
+    (tmp / "adir.yaml").mkdir()
+    script = rank_script("exit_with.py")
+    return {
+        "unknown option": (["--frobnicate", script], "unrecognized arguments: --frobnicate"),
+        "missing script": (["nope.py"], "nope.py: no such script"),
+        "missing config": (["--config", "missing.yaml"], "--config missing.yaml: no such file"),
+        "invalid yaml": (["--config", "bad.yaml"], "invalid YAML at line"),
+        "yaml not a mapping": (["--config", "list.yaml"], "expected a YAML mapping"),
+        "config is a directory": (["--config", "adir.yaml"], "is a directory"),
+        "program not on path": (["--no-python", "no-such-program-xyz"], "no such program"),
+        "missing module": (["-m", "no_such_module_xyz"], "no module named 'no_such_module_xyz'"),
+        "nproc zero": (["--nproc-per-node", "0", script], "must be at least 1"),
+        "nproc negative": (["--nproc-per-node", "-2", script], "must be at least 1"),
+        "nproc not a number": (["--nproc-per-node", "two", script], "must be a whole number"),
+        "port in use": (["--master-port", str(port), script], f"--master-port {port}"),
+        "bad grace": (["--grace", "soon", script], "--grace"),
+        "nothing to run": ([], "nothing to run"),
+        "multi node": (["--nnodes", "2", script], "multi-node"),
+        "bad signal": (["--forward-signals", "SIGNOPE", script], "unknown signal"),
+    }
+
+
+NAMES = [
+    "unknown option", "missing script", "missing config", "invalid yaml", "yaml not a mapping",
+    "config is a directory", "program not on path", "missing module", "nproc zero",
+    "nproc negative", "nproc not a number", "port in use", "bad grace", "nothing to run",
+    "multi node", "bad signal",
+]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_bad_input(tmp_path: Path, busy_port: int, name: str) -> None:
+    args, expected = _cases(tmp_path, busy_port)[name]
+    run_dir = tmp_path / "run"
+    envelope_path = tmp_path / "out" / "env.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "forgelm_tui", "--no-tui", "--run-dir", str(run_dir),
+         "--envelope", str(envelope_path), *args],
+        cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=20,
+    )
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("forgelm-tui: error: ")
+    assert expected in lines[0]
+    assert "Traceback" not in proc.stderr + proc.stdout
+    for path in (run_dir / "envelope.json", envelope_path):
+        envelope = json.loads(path.read_text())
+        assert envelope["exit_code"] == 1
+        assert envelope["exit_name"] == "EXIT_CONFIG_ERROR"
+        assert envelope["decided_by"]["rule"] == 1
+        assert expected in envelope["error"]
+        assert envelope["ranks"] == []
+    assert not list(run_dir.glob("rank-*")), "no rank may start"
+
+
+def test_bad_input_json_output_is_only_the_envelope(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "forgelm_tui", "--no-tui", "--output-format", "json",
+         "--run-dir", str(tmp_path / "run"), "missing.py"],
+        cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=20,
+    )
+    assert proc.returncode == 1
+    assert json.loads(proc.stdout)["error"] == "missing.py: no such script"
+
+
+def test_help_exits_zero_without_heavy_imports(tmp_path: Path) -> None:
+    code = (
+        "import sys\n"
+        "from forgelm_tui.cli import main\n"
+        "rc = main(['--help'])\n"
+        "heavy = [m for m in ('textual', 'torch', 'rich', 'yaml') if m in sys.modules]\n"
+        "print('HEAVY', heavy, rc)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=20, cwd=tmp_path)
+    assert proc.returncode == 0
+    assert "HEAVY [] 0" in proc.stdout
+    assert "--nproc-per-node" in proc.stdout

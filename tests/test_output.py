@@ -1,0 +1,101 @@
+"""Output: every line reaches the log files, a closed stdout changes nothing, JSON is clean."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import rank_script, run_cli, start, wait_for
+
+pytestmark = pytest.mark.timeout(120)
+
+LINES = 100_000
+
+
+def _check_logs(run_dir: Path, ranks: int, lines: int) -> None:
+    for rank in range(ranks):
+        log = (run_dir / f"rank-{rank}.stdout.log").read_bytes().split(b"\n")
+        assert log[-1] == b""
+        assert len(log) - 1 == lines, f"rank {rank} lost lines"
+        assert log[0].startswith(b"r%03d line 000000000" % rank)
+        assert log[-2].startswith(b"r%03d line %09d" % (rank, lines - 1))
+
+
+def test_flood_of_8_ranks_loses_no_line(tmp_path: Path) -> None:
+    run = start(["--nproc-per-node", "8", rank_script("flood.py"), str(LINES)], tmp_path)
+    out, _ = run.proc.communicate(timeout=110)
+    assert run.proc.returncode == 0
+    _check_logs(run.run_dir, 8, LINES)
+    shown = [line for line in out.splitlines() if line.startswith("[rank ")]
+    dropped = sum(
+        int(line.split()[1]) for line in out.splitlines() if "lines not shown here" in line
+    )
+    assert len(shown) + dropped == 8 * LINES
+
+
+def test_unread_stdout_never_blocks_the_ranks(tmp_path: Path) -> None:
+    # Nobody reads the supervisor's stdout: the ranks still run to the end at their own pace.
+    run = start(["--nproc-per-node", "2", rank_script("flood.py"), str(LINES), "3"], tmp_path)
+
+    def logs_complete() -> bool:
+        try:
+            _check_logs(run.run_dir, 2, LINES)
+        except (AssertionError, FileNotFoundError, IndexError):
+            return False
+        return True
+
+    wait_for(logs_complete, 60, "the ranks to finish while stdout is unread", step=0.2)
+    wait_for(lambda: (run.run_dir / "envelope.json").exists(), 30, "the envelope")
+    out, _ = run.proc.communicate(timeout=60)
+    assert run.proc.returncode == 3
+    assert out.rstrip().splitlines()[-1].startswith("[forgelm-tui] exit 3 EXIT_EVAL_FAILURE")
+
+
+def test_closed_stdout_never_changes_the_code(tmp_path: Path) -> None:
+    run = start(["--nproc-per-node", "2", rank_script("flood.py"), "20000", "3"], tmp_path)
+    assert run.proc.stdout is not None
+    first = run.proc.stdout.readline()
+    run.proc.stdout.close()  # as `| head -1` does
+    assert first.startswith("[forgelm-tui]")
+    assert run.wait(60) == 3
+    assert run.envelope()["exit_code"] == 3
+    _, err = run.proc.communicate()
+    assert "Traceback" not in err
+    assert "BrokenPipe" not in err
+    _check_logs(run.run_dir, 2, 20000)
+
+
+def test_json_output_is_only_the_envelope(tmp_path: Path) -> None:
+    run = run_cli(["--output-format", "json", "--nproc-per-node", "2",
+                   rank_script("exit_with.py"), "4"], tmp_path)
+    out, err = run.output()
+    assert run.proc.returncode == 4
+    assert json.loads(out) == run.envelope()
+    assert "[rank 0] rank 0 of 2 says hello" in err
+
+
+def test_hostile_output_is_plain_text(tmp_path: Path) -> None:
+    run = run_cli([rank_script("hostile_output.py")], tmp_path)
+    out, _ = run.output()
+    lines = [line.removeprefix("[rank 0] ") for line in out.splitlines()
+             if line.startswith("[rank 0] ")]
+    assert lines == ["red plain", "progress 100%", "[bold]not bold[/] [rank0] [/]", "osc gone",
+                     "tab here" + "nul"]
+    assert "\x1b" not in out
+    raw = (run.run_dir / "rank-0.stdout.log").read_bytes()
+    assert b"\x1b[31m" in raw, "the log file keeps the bytes as the rank wrote them"
+
+
+def test_shell_pipe_to_head(tmp_path: Path) -> None:
+    script = rank_script("exit_with.py")
+    proc = subprocess.run(
+        ["bash", "-c", 'set -o pipefail; "$@" | head -1; echo "code=${PIPESTATUS[0]}"', "bash",
+         sys.executable, "-m", "forgelm_tui", "--no-tui", "--run-dir", str(tmp_path / "run"),
+         "--nproc-per-node", "2", script, "4"],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path,
+    )
+    assert proc.stdout.splitlines()[-1] == "code=4"
+    assert "Traceback" not in proc.stderr

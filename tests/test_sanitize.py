@@ -1,0 +1,37 @@
+from __future__ import annotations
+
+import pytest
+
+from forgelm_tui.engine.sanitize import MAX_LINE_CHARS, LineSplitter, sanitize_line
+
+
+@pytest.mark.parametrize(
+    ("raw", "shown"),
+    [
+        ("\x1b[1;31mred\x1b[0m", "red"),
+        ("10%\r50%\r100%", "100%"),
+        ("done\r\n", "done"),
+        ("\x1b]8;;http://x\x1b\\link\x1b]8;;\x1b\\", "link"),
+        ("[bold]x[/]", "[bold]x[/]"),
+        ("a\x00b\x07c", "abc"),
+        ("\x9b31mcsi8", "csi8"),
+        ("t\tab", "t   ab"),
+    ],
+)
+def test_sanitize_line(raw: str, shown: str) -> None:
+    assert sanitize_line(raw) == shown
+
+
+def test_long_lines_are_capped() -> None:
+    assert len(sanitize_line("x" * 10_000)) == MAX_LINE_CHARS
+
+
+def test_splitter_holds_partial_lines_until_complete() -> None:
+    splitter = LineSplitter()
+    assert splitter.feed(b"ab") == []
+    assert splitter.feed(b"c\nde") == ["abc"]
+    assert splitter.feed("\u00e9\n".encode()[:1]) == []
+    assert splitter.feed("\u00e9\n".encode()[1:]) == ["de\u00e9"]
+    assert splitter.feed(b"tail") == []
+    assert splitter.flush() == ["tail"]
+    assert splitter.flush() == []
