@@ -237,4 +237,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     except SystemExit as exc:  # --help / --version
         return int(exc.code or 0)
+    if plan.view == "tui":
+        from forgelm_tui.tui.launch import execute_tui
+
+        return execute_tui(plan)
     return execute(plan)

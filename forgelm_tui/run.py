@@ -8,7 +8,7 @@ import json
 import signal
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -106,35 +106,82 @@ class RunReport:
 
 def _provisional_verdict(verdict: Verdict) -> Verdict:
     """While ranks are still stopping, the envelope says so; codes may still change."""
-    from dataclasses import replace
-
     return replace(verdict, rule_text=f"provisional (run still stopping): {verdict.rule_text}")
 
 
+class Session:
+    """One run as a view sees it: events to subscribe to, commands, and the outcome at the end.
+
+    Both views drive the same Session; tests of the TUI drive a scripted stand-in with the
+    same surface.
+    """
+
+    def __init__(self, plan: Plan, guardian: Guardian | None = None) -> None:
+        self.plan = plan
+        self.supervisor = Supervisor(plan.spec, guardian=guardian)
+        self.report = RunReport(plan, supervisor=self.supervisor)
+        self.supervisor.subscribe(self.report.on_event)
+        self.outcome: Outcome | None = None
+
+    @property
+    def run_id(self) -> str:
+        return self.plan.spec.run_id
+
+    @property
+    def command(self) -> list[str]:
+        return list(self.plan.info.command)
+
+    @property
+    def world_size(self) -> int:
+        return self.plan.spec.world_size
+
+    @property
+    def grace(self) -> float:
+        return self.plan.spec.grace
+
+    def subscribe(self, listener: Callable[[ev.Event], None]) -> None:
+        self.supervisor.subscribe(listener)
+
+    def request_cancel(self, origin: str = "operator", sig: int = signal.SIGINT) -> None:
+        self.supervisor.request_cancel(origin, sig)
+
+    def kill_now(self, origin: str = "operator") -> None:
+        self.supervisor.kill_now(origin)
+
+    def forward(self, sig: int) -> None:
+        self.supervisor.forward(sig)
+
+    def cancelled_from_outside(self) -> bool:
+        """The stop came from a signal to the supervisor (a scheduler), not from a person."""
+        cancels = self.supervisor.cancels
+        return bool(cancels) and cancels[0].origin.endswith("to the supervisor")
+
+    async def run(self) -> Outcome:
+        try:
+            await self.supervisor.run()
+        finally:
+            ignore_stop_signals()
+        self.outcome = self.report.final()
+        return self.outcome
+
+
 def execute(plan: Plan) -> int:
-    """Run the plan to the end and return the process exit code."""
+    """Run the plan headless to the end and return the process exit code."""
     guardian = Guardian()  # forked first, before any thread exists
-    human_fd = 2 if plan.output_format == "json" else 1
-    sink = OutputSink(human_fd)
-    supervisor = Supervisor(plan.spec, guardian=guardian)
-    report = RunReport(plan, supervisor)
-    supervisor.subscribe(report.on_event)
+    sink = OutputSink(2 if plan.output_format == "json" else 1)
+    session = Session(plan, guardian)
     view = HeadlessView(sink)
-    supervisor.subscribe(view)
+    session.subscribe(view)
     try:
-        asyncio.run(supervisor.run())
+        outcome = asyncio.run(session.run())
     finally:
-        ignore_stop_signals()
         guardian.close()
-    outcome = report.final()
     for error in outcome.write_errors:
         view.note(error)
-    view.summary(supervisor.records.values(), outcome.verdict, outcome.envelope_path)
+    view.summary(session.supervisor.records.values(), outcome.verdict, outcome.envelope_path)
+    sink.close()
     if plan.output_format == "json":
-        sink.close()
         emit_json(outcome.envelope)
-    else:
-        sink.close()
     return outcome.verdict.code
 
 

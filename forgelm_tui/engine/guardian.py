@@ -53,6 +53,15 @@ class Guardian:
         with contextlib.suppress(ChildProcessError):
             os.waitpid(self.pid, 0)
 
+    def abandon(self) -> None:
+        """Close without a goodbye: the guardian stops every rank group it knows of."""
+        if self._fd is None:
+            return
+        os.close(self._fd)
+        self._fd = None
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, 0)
+
     def _send(self, message: bytes) -> None:
         if self._fd is None:
             return

@@ -1,0 +1,1 @@
+"""The interactive Textual view. Imported only when the TUI is used."""

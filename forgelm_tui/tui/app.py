@@ -1,0 +1,297 @@
+"""The operator's TUI: live per-rank status, coordinated cancel, the verdict, the envelope.
+
+The app decides nothing about processes: it renders what the session tells it and calls
+``request_cancel``, ``kill_now`` and ``forward``.
+"""
+
+from __future__ import annotations
+
+import io
+import signal
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
+from typing import Any, Protocol
+
+from rich.text import Text
+from textual.app import App, ComposeResult, SystemCommand
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Static
+
+from forgelm_tui.engine import events as ev
+from forgelm_tui.run import Outcome
+from forgelm_tui.tui.model import RunModel
+from forgelm_tui.tui.screens.confirm import ConfirmCancel
+from forgelm_tui.tui.screens.help import HelpScreen
+from forgelm_tui.tui.screens.search import SearchPrompt
+from forgelm_tui.tui.widgets.log_pane import LogPane
+from forgelm_tui.tui.widgets.rank_table import RankTable, human_seconds
+from forgelm_tui.tui.widgets.verdict_panel import VerdictPanel
+
+TABLE_HZ = 2
+LOG_HZ = 10
+
+
+class RunHandle(Protocol):
+    """What the app needs from a run: the real Session or a scripted stand-in."""
+
+    @property
+    def run_id(self) -> str: ...
+    @property
+    def command(self) -> list[str]: ...
+    @property
+    def world_size(self) -> int: ...
+    @property
+    def grace(self) -> float: ...
+
+    def subscribe(self, listener: Callable[[ev.Event], None]) -> None: ...
+    def request_cancel(self, origin: str = ..., sig: int = ...) -> None: ...
+    def kill_now(self, origin: str = ...) -> None: ...
+    def forward(self, sig: int) -> None: ...
+    def cancelled_from_outside(self) -> bool: ...
+    def run(self) -> Awaitable[Outcome]: ...
+
+
+class RunHeader(Static):
+    def render_for(self, model: RunModel, verdict_label: str | None) -> None:
+        state = model.state.upper()
+        style = {"RUNNING": "bold green", "STOPPING": "bold magenta",
+                 "FINISHED": "bold cyan"}.get(state, "bold")
+        line1 = Text.assemble(
+            ("forgelm-tui ", "bold"),
+            f"run {model.run_id}  ·  {model.world_size} rank(s)  ·  "
+            f"elapsed {human_seconds(model.elapsed())}  ·  ",
+            (state, style),
+        )
+        left = model.seconds_left()
+        if left is not None:
+            live = ",".join(str(r) for r in model.live_ranks) or "-"
+            line1.append(f"  SIGKILL in {left:.0f} s (ranks {live} left): {model.stop_reason}",
+                         style="magenta")
+        elif model.state == "stopping" and model.stop_reason:
+            line1.append(f"  {model.stop_reason}", style="magenta")
+        if verdict_label:
+            line1.append(f"  exit {verdict_label}", style="bold")
+        line2 = Text(" ".join(model.command), style="dim", no_wrap=True, overflow="ellipsis")
+        self.update(Text("\n").join([line1, line2]))
+
+
+class SupervisorApp(App[int]):
+    """Built by :func:`build_app`; tests build it the same way with a scripted run."""
+
+    CSS_PATH = "forgelm_tui.tcss"
+    TITLE = "forgelm-tui"
+    BINDINGS = [
+        Binding("c", "cancel", "Cancel"),
+        Binding("ctrl+c", "cancel", "Cancel", show=False, priority=True),
+        Binding("k", "kill", "Kill now"),
+        Binding("enter", "toggle_rank_log", "Rank log"),
+        Binding("a", "all_logs", "All logs"),
+        Binding("f", "follow", "Follow"),
+        Binding("slash", "search", "Search"),
+        Binding("n", "search_next", "Next", show=False),
+        Binding("N", "search_previous", "Previous", show=False),
+        Binding("s", "save_envelope", "Save envelope"),
+        Binding("question_mark", "help", "Help"),
+        Binding("q", "quit_run", "Quit"),
+    ]
+
+    def __init__(
+        self,
+        run: RunHandle,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        save_directory: Path | None = None,
+        auto_start: bool = True,
+    ) -> None:
+        super().__init__()
+        self.run_handle = run
+        self.model = RunModel(run.run_id, run.command, run.world_size, clock)
+        self.outcome: Outcome | None = None
+        self.save_directory = save_directory
+        self.auto_start = auto_start
+        self.saved_to: str | None = None
+        self._quit_after_run = False
+        run.subscribe(self.model.apply)
+
+    # ------------------------------------------------------------------ layout
+
+    def compose(self) -> ComposeResult:
+        yield RunHeader(id="header")
+        with Vertical(id="body"):
+            yield RankTable(id="ranks")
+            yield VerdictPanel(id="verdict")
+            yield Static("", id="log-title")
+            yield LogPane(id="logs")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one(VerdictPanel).display = False
+        self.set_interval(1 / TABLE_HZ, self.refresh_table)
+        self.set_interval(1 / LOG_HZ, self.flush_logs)
+        self.refresh_table()
+        self._update_log_title()
+        self.query_one(RankTable).focus()
+        if self.auto_start:
+            self.run_worker(self._run(), exclusive=True, name="run")
+
+    async def _run(self) -> None:
+        outcome = await self.run_handle.run()
+        self.show_outcome(outcome)
+        if self.run_handle.cancelled_from_outside() or self._quit_after_run:
+            # A scheduler asked the run to stop: nobody is at the keyboard to read the verdict.
+            self.exit(outcome.verdict.code)
+
+    def show_outcome(self, outcome: Outcome) -> None:
+        self.outcome = outcome
+        self.model.state = "finished"
+        self.flush_logs()
+        self.refresh_table()
+        self.query_one(VerdictPanel).show_verdict(outcome.envelope, outcome.envelope_path)
+        pane = self.query_one(LogPane)
+        if pane.auto_scroll:
+            self.call_after_refresh(pane.scroll_end, animate=False)
+
+    # ------------------------------------------------------------------ refresh
+
+    def refresh_table(self) -> None:
+        label = self.outcome.verdict.label if self.outcome else None
+        self.query_one(RunHeader).render_for(self.model, label)
+        self.query_one(RankTable).refresh_from(self.model)
+
+    def flush_logs(self) -> None:
+        lines, skipped = self.model.logs.take_pending()
+        if lines or skipped:
+            self.query_one(LogPane).append(lines, skipped)
+
+    def _update_log_title(self, extra: str = "") -> None:
+        pane = self.query_one(LogPane)
+        which = "all ranks" if pane.rank is None else f"rank {pane.rank}"
+        follow = "following" if pane.auto_scroll else "paused (f to follow)"
+        self.query_one("#log-title", Static).update(
+            Text(f" log: {which} · {follow} {extra}", style="bold"))
+
+    # ------------------------------------------------------------------ actions
+
+    def action_cancel(self) -> None:
+        if self.outcome is not None:
+            self.notify("The run has ended; q quits.")
+            return
+        if self.model.state == "stopping":
+            self.run_handle.kill_now("operator (second cancel)")
+            self.notify("Killing every live rank now.", severity="warning")
+            return
+        self.push_screen(ConfirmCancel(self.run_handle.world_size, self.run_handle.grace),
+                         self._confirmed)
+
+    def _confirmed(self, confirmed: bool | None) -> None:
+        if confirmed and self.outcome is None:
+            self.run_handle.request_cancel("operator", signal.SIGINT)
+            self.notify("Stopping every rank: SIGTERM sent.", severity="warning")
+
+    def action_kill(self) -> None:
+        if self.outcome is None:
+            self.run_handle.kill_now("operator")
+            self.notify("SIGKILL sent to every live rank.", severity="error")
+
+    def action_forward(self, signame: str) -> None:
+        if self.outcome is None:
+            self.run_handle.forward(int(signal.Signals[signame]))
+            self.notify(f"{signame} forwarded to every live rank.")
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        pane = self.query_one(LogPane)
+        if pane.rank is not None and event.row_key.value is not None:
+            pane.show(self.model.logs, int(event.row_key.value))
+            self._update_log_title()
+
+    def action_toggle_rank_log(self) -> None:
+        pane = self.query_one(LogPane)
+        rank = self.query_one(RankTable).selected_rank()
+        pane.show(self.model.logs, None if pane.rank is not None else rank)
+        self._update_log_title()
+
+    def action_all_logs(self) -> None:
+        self.query_one(LogPane).show(self.model.logs, None)
+        self._update_log_title()
+
+    def action_follow(self) -> None:
+        pane = self.query_one(LogPane)
+        pane.auto_scroll = not pane.auto_scroll
+        if pane.auto_scroll:
+            pane.scroll_end(animate=False)
+        self._update_log_title()
+
+    def action_search(self) -> None:
+        pane = self.query_one(LogPane)
+        self.push_screen(SearchPrompt(pane.query_text), self._searched)
+
+    def _searched(self, query: str | None) -> None:
+        if query:
+            self._search(query)
+
+    def _search(self, query: str, backwards: bool = False) -> None:
+        number, total = self.query_one(LogPane).search(query, backwards)
+        found = f"· '{query}': {number}/{total}" if total else f"· '{query}': no match"
+        self._update_log_title(found)
+
+    def action_search_next(self) -> None:
+        query = self.query_one(LogPane).query_text
+        if query:
+            self._search(query)
+
+    def action_search_previous(self) -> None:
+        query = self.query_one(LogPane).query_text
+        if query:
+            self._search(query, backwards=True)
+
+    def action_save_envelope(self) -> None:
+        if self.outcome is None or not self.outcome.envelope_path:
+            self.notify("The envelope is saved when the run has ended.")
+            return
+        text = Path(self.outcome.envelope_path).read_text(encoding="utf-8")
+        directory = self.save_directory or default_save_directory()
+        filename = f"forgelm-tui-envelope-{self.run_handle.run_id}.json"
+        self.deliver_text(io.StringIO(text), save_directory=directory, save_filename=filename,
+                          mime_type="application/json")
+        self.saved_to = str(directory / filename)
+        self.notify(f"Envelope saved to {self.saved_to}")
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
+
+    def action_quit_run(self) -> None:
+        if self.outcome is not None:
+            self.exit(self.outcome.verdict.code)
+            return
+        self.push_screen(ConfirmCancel(self.run_handle.world_size, self.run_handle.grace),
+                         self._confirmed)
+
+    def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
+        yield SystemCommand("Cancel the run", "SIGTERM to every rank, SIGKILL after the grace",
+                            self.action_cancel)
+        yield SystemCommand("Kill now", "SIGKILL to every live rank", self.action_kill)
+        yield SystemCommand("Forward SIGUSR1", "to every rank, nothing stops",
+                            lambda: self.action_forward("SIGUSR1"))
+        yield SystemCommand("Forward SIGUSR2", "to every rank, nothing stops",
+                            lambda: self.action_forward("SIGUSR2"))
+        yield SystemCommand("Save the envelope", "the run's JSON envelope, as a download",
+                            self.action_save_envelope)
+        yield SystemCommand("Show all ranks' logs", "merged view", self.action_all_logs)
+        yield SystemCommand("Show the selected rank's log", "one rank",
+                            self.action_toggle_rank_log)
+        yield SystemCommand("Follow the log", "on / off", self.action_follow)
+        yield SystemCommand("Search the log", "/ then n / N", self.action_search)
+        yield SystemCommand("Keys", "the help screen", self.action_help)
+        yield SystemCommand("Quit", "after the run: exit with its code", self.action_quit_run)
+
+
+def default_save_directory() -> Path:
+    downloads = Path.home() / "Downloads"
+    return downloads if downloads.is_dir() else Path.cwd()
+
+
+def build_app(run: RunHandle, **kwargs: Any) -> SupervisorApp:
+    return SupervisorApp(run, **kwargs)

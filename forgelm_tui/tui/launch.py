@@ -1,0 +1,37 @@
+"""Running a plan under the TUI: the same session as headless, a different view."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+
+from forgelm_tui.engine.guardian import Guardian
+from forgelm_tui.run import Plan, Session
+from forgelm_tui.tui.app import build_app
+
+
+def execute_tui(plan: Plan) -> int:
+    guardian = Guardian()  # forked first, before Textual starts any thread
+    session = Session(plan, guardian)
+    app = build_app(session)
+    try:
+        code = app.run()
+    finally:
+        if session.outcome is None:
+            guardian.abandon()  # the view died mid-run: the guardian stops every rank group
+        else:
+            guardian.close()
+    outcome = session.outcome
+    if outcome is None:
+        _say("forgelm-tui: the view ended before the run; every rank was stopped")
+        return 2
+    verdict = outcome.verdict
+    where = f"; envelope: {outcome.envelope_path}" if outcome.envelope_path else ""
+    _say(f"forgelm-tui: exit {verdict.code} {verdict.name} ({verdict.rule_text}){where}")
+    return code if code is not None else verdict.code
+
+
+def _say(line: str) -> None:
+    with contextlib.suppress(OSError):
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()

@@ -1,0 +1,222 @@
+"""What the TUI shows, folded from engine events. No Textual here: it is plain, testable state.
+
+The engine calls :meth:`RunModel.apply` for every event on the event loop; widgets read the model
+on their own timers (table at 2 Hz, logs at 10 Hz), so a flood of events never means a flood of
+repaints.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from forgelm_tui.engine import events as ev
+from forgelm_tui.verdict import describe
+
+LOG_KEEP_MERGED = 20_000  # lines of the merged view kept in memory
+LOG_KEEP_PER_RANK = 5_000  # lines of each rank kept for its own view
+FLUSH_MAX_LINES = 4_000  # at most this many new lines reach a log widget per flush
+
+
+@dataclass
+class RankRow:
+    rank: int
+    local_rank: int = 0
+    pid: int | None = None
+    state: str = "starting"
+    cpu_percent: float = 0.0
+    rss_bytes: int = 0
+    children: int = 0
+    started_mono: float | None = None
+    ended_mono: float | None = None
+    last_output_mono: float | None = None
+    last_line: str = ""
+    exit_code: int | None = None
+    signal: int | None = None
+    sent: list[tuple[int, str]] = field(default_factory=list)  # (signal, reason)
+    quiet: bool = False
+
+    def exit_text(self) -> str:
+        if self.exit_code is None:
+            return ""
+        return f"{self.exit_code} {describe(self.exit_code)[0].removeprefix('EXIT_')}"
+
+    def signal_text(self) -> str:
+        """``SIGTERM, sent: operator cancel``: the last signal and who sent it."""
+        stop_sent = [(s, r) for s, r in self.sent if not r.startswith(("forward", "cleanup"))]
+        if self.signal is not None:
+            name = signal.Signals(self.signal).name
+            if stop_sent:
+                return f"{name}, sent: {_short_reason(stop_sent[-1][1])}"
+            return f"{name}, not sent by forgelm-tui"
+        if stop_sent:
+            sig, reason = stop_sent[-1]
+            return f"{signal.Signals(sig).name}, sent: {_short_reason(reason)}"
+        return ""
+
+
+def _short_reason(reason: str) -> str:
+    """``stop: cancelled by operator`` -> ``operator cancel``, kept short for a table cell."""
+    _, _, text = reason.partition(": ")
+    text = text or reason
+    if text.startswith("cancelled by "):
+        return text.removeprefix("cancelled by ") + " cancel"
+    return text
+
+
+@dataclass(frozen=True)
+class LogLine:
+    rank: int
+    stream: str
+    text: str
+
+    def render(self) -> str:
+        marker = "!" if self.stream == "stderr" else " "
+        return f"[rank {self.rank}]{marker}{self.text}"
+
+
+class LogStore:
+    """Bounded log memory with separate pending queues for the merged and per-rank views."""
+
+    def __init__(self) -> None:
+        self.merged: deque[LogLine] = deque(maxlen=LOG_KEEP_MERGED)
+        self.per_rank: dict[int, deque[LogLine]] = {}
+        self._pending: deque[LogLine] = deque(maxlen=FLUSH_MAX_LINES)
+        self._skipped = 0
+        self.total = 0
+
+    def add(self, rank: int, stream: str, lines: Sequence[str]) -> None:
+        mine = self.per_rank.setdefault(rank, deque(maxlen=LOG_KEEP_PER_RANK))
+        overflow = len(self._pending) + len(lines) - FLUSH_MAX_LINES
+        if overflow > 0:
+            self._skipped += min(overflow, len(self._pending) + len(lines))
+        for text in lines:
+            line = LogLine(rank, stream, text)
+            self.merged.append(line)
+            mine.append(line)
+            self._pending.append(line)
+        self.total += len(lines)
+
+    def take_pending(self) -> tuple[list[LogLine], int]:
+        """New lines since the last call, and how many were skipped for being too many."""
+        lines = list(self._pending)
+        skipped = self._skipped
+        self._pending.clear()
+        self._skipped = 0
+        return lines, skipped
+
+    def history(self, rank: int | None) -> list[LogLine]:
+        if rank is None:
+            return list(self.merged)
+        return list(self.per_rank.get(rank, ()))
+
+
+class RunModel:
+    """The run as the TUI shows it."""
+
+    def __init__(
+        self,
+        run_id: str,
+        command: Sequence[str],
+        world_size: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.run_id = run_id
+        self.command = list(command)
+        self.world_size = world_size
+        self.clock = clock
+        self.started_mono = clock()
+        self.ended_mono: float | None = None
+        self.state = "starting"
+        self.stop_reason = ""
+        self.stop_deadline: float | None = None  # on self.clock
+        self.live_ranks: tuple[int, ...] = ()
+        self.ranks: dict[int, RankRow] = {r: RankRow(r) for r in range(world_size)}
+        self.logs = LogStore()
+        self.notices: deque[str] = deque(maxlen=50)
+        self.changed = True
+
+    def apply(self, event: ev.Event) -> None:
+        self.changed = True
+        now = self.clock()
+        match event:
+            case ev.RankOutput(rank=rank, stream=stream, lines=lines):
+                row = self.ranks.setdefault(rank, RankRow(rank))
+                row.last_output_mono = now
+                if lines:
+                    row.last_line = lines[-1]
+                row.quiet = False
+                self.logs.add(rank, stream, lines)
+            case ev.RunStarted():
+                self.state = "running"
+            case ev.RankStarted(rank=rank, local_rank=local_rank, pid=pid):
+                row = self.ranks.setdefault(rank, RankRow(rank))
+                row.local_rank, row.pid, row.state, row.started_mono = (
+                    local_rank, pid, "running", now)
+            case ev.RankSampled(rank=rank) as sample:
+                self._sampled(sample)
+            case ev.RankSignalled(rank=rank, signal=sig, reason=reason):
+                row = self.ranks.setdefault(rank, RankRow(rank))
+                row.sent.append((sig, reason))
+                if row.ended_mono is None and not reason.startswith("forward"):
+                    row.state = "stopping"
+            case ev.RankExited(rank=rank, exit_code=code, signal=sig, signalled_first=first):
+                row = self.ranks.setdefault(rank, RankRow(rank))
+                row.exit_code, row.signal, row.ended_mono = code, sig, now
+                if sig is not None:
+                    row.state = "killed"
+                elif code not in (0, 3, 4, 5, 6) and not first:
+                    row.state = "failed"
+                else:
+                    row.state = "exited"
+            case ev.RunStopping(reason=reason, grace=grace, live_ranks=live):
+                self.state = "stopping"
+                self.stop_reason = reason
+                self.stop_deadline = now + grace
+                self.live_ranks = live
+            case ev.StopCountdown(seconds_left=left, live_ranks=live):
+                self.stop_deadline = now + left
+                self.live_ranks = live
+            case ev.RunStalled(seconds=seconds, ranks=ranks):
+                self.notices.append(f"stalled: no progress from rank(s) {ranks} for {seconds:g} s")
+            case ev.SignalForwarded(signal=sig, ranks=ranks):
+                name = signal.Signals(sig).name
+                self.notices.append(f"{name} forwarded to {len(ranks)} rank(s)")
+            case ev.RunFinished():
+                self.state = "finished"
+                self.ended_mono = now
+            case _:
+                pass
+
+    def _sampled(self, sample: ev.RankSampled) -> None:
+        row = self.ranks.setdefault(sample.rank, RankRow(sample.rank))
+        row.cpu_percent = sample.cpu_percent
+        row.rss_bytes = sample.rss_bytes
+        row.children = sample.children
+        row.quiet = sample.quiet
+        if row.state in ("running", "quiet"):
+            row.state = "quiet" if sample.quiet else "running"
+
+    def elapsed(self) -> float:
+        end = self.ended_mono if self.ended_mono is not None else self.clock()
+        return max(0.0, end - self.started_mono)
+
+    def seconds_left(self) -> float | None:
+        if self.stop_deadline is None or self.state != "stopping":
+            return None
+        return max(0.0, self.stop_deadline - self.clock())
+
+    def uptime(self, row: RankRow) -> float | None:
+        if row.started_mono is None:
+            return None
+        end = row.ended_mono if row.ended_mono is not None else self.clock()
+        return max(0.0, end - row.started_mono)
+
+    def output_age(self, row: RankRow) -> float | None:
+        if row.ended_mono is not None:
+            return None
+        since = row.last_output_mono or row.started_mono
+        return None if since is None else max(0.0, self.clock() - since)

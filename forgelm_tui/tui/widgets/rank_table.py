@@ -1,0 +1,103 @@
+"""The rank table: one row per rank, only changed cells repainted, at most twice a second."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import DataTable
+
+from forgelm_tui.tui.model import RankRow, RunModel
+
+COLUMNS = (
+    ("rank", "rank"),
+    ("local", "local"),
+    ("pid", "pid"),
+    ("state", "state"),
+    ("cpu", "CPU %"),
+    ("rss", "RSS"),
+    ("children", "kids"),
+    ("uptime", "uptime"),
+    ("age", "out age"),
+    ("exit", "exit"),
+    ("signal", "signal"),
+    ("last", "last line"),
+)
+
+STATE_STYLES = {
+    "starting": "dim",
+    "running": "green",
+    "quiet": "yellow",
+    "stopping": "bold magenta",
+    "exited": "cyan",
+    "failed": "bold red",
+    "killed": "red",
+}
+
+
+def human_bytes(value: int) -> str:
+    size = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GiB"
+
+
+def human_seconds(value: float | None) -> str:
+    if value is None:
+        return "-"
+    whole = int(value)
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+
+
+class RankTable(DataTable[Text]):
+    """Rank rows keyed by rank; cells compared with what is shown before any update."""
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(cursor_type="row", zebra_stripes=False, **kwargs)  # type: ignore[arg-type]
+        self._shown: dict[tuple[int, str], str] = {}
+
+    def on_mount(self) -> None:
+        for key, label in COLUMNS:
+            self.add_column(label, key=key)
+
+    def cells(self, model: RunModel, row: RankRow) -> dict[str, Text]:
+        style = STATE_STYLES.get(row.state, "")
+        active = row.ended_mono is None and row.pid is not None
+        return {
+            "rank": Text(str(row.rank), style="bold"),
+            "local": Text(str(row.local_rank)),
+            "pid": Text(str(row.pid or "-")),
+            "state": Text(row.state, style=style),
+            "cpu": Text(f"{row.cpu_percent:5.1f}" if active else "-"),
+            "rss": Text(human_bytes(row.rss_bytes) if active and row.rss_bytes else "-"),
+            "children": Text(str(row.children) if active else "-"),
+            "uptime": Text(human_seconds(model.uptime(row))),
+            "age": Text(human_seconds(model.output_age(row))),
+            "exit": Text(row.exit_text(), style=style),
+            "signal": Text(row.signal_text(), style="red" if row.signal else "magenta"),
+            "last": Text(row.last_line[:200], no_wrap=True),
+        }
+
+    def refresh_from(self, model: RunModel) -> None:
+        for rank in sorted(model.ranks):
+            row = model.ranks[rank]
+            cells = self.cells(model, row)
+            if str(rank) not in self.rows:
+                self.add_row(*cells.values(), key=str(rank))
+                for key, text in cells.items():
+                    self._shown[(rank, key)] = text.markup
+                continue
+            for key, text in cells.items():
+                if self._shown.get((rank, key)) != text.markup:
+                    self._shown[(rank, key)] = text.markup
+                    self.update_cell(str(rank), key, text, update_width=True)
+
+    def selected_rank(self) -> int | None:
+        if not self.row_count:
+            return None
+        key = self.coordinate_to_cell_key(self.cursor_coordinate).row_key
+        return int(key.value) if key.value is not None else None

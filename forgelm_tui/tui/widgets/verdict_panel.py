@@ -1,0 +1,77 @@
+"""The verdict: the true code, why, what CI should do, and where the envelope is."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.text import Text
+from textual.widgets import Static
+
+CODE_STYLES = {0: "bold green", 3: "bold yellow", 4: "bold cyan", 5: "bold", 6: "bold red"}
+
+
+def approval_hints(result: dict[str, Any] | None) -> list[str]:
+    """Staging path(s) and the approval command from ForgeLM's JSON result, as it gives them."""
+    if not result:
+        return []
+    hints = []
+    for key in ("staging_path", "staging_dir", "staged_model_path"):
+        if result.get(key):
+            hints.append(f"staged at: {result[key]}")
+    for key in ("approval_command", "approve_command", "next_step", "next_steps"):
+        value = result.get(key)
+        if isinstance(value, str) and value:
+            hints.append(f"to approve: {value}")
+        elif isinstance(value, list):
+            hints.extend(f"to approve: {item}" for item in value if isinstance(item, str))
+    if result.get("run_id") and not any(h.startswith("to approve") for h in hints):
+        hints.append(f"to approve: forgelm approve {result['run_id']} --output-dir <output_dir>")
+    return hints
+
+
+def verdict_renderable(envelope: dict[str, Any], envelope_path: str | None) -> RenderableType:
+    code = int(envelope["exit_code"])
+    style = CODE_STYLES.get(code, "bold red")
+    decided = envelope["decided_by"]
+    parts: list[RenderableType] = [
+        Text.assemble((f" exit {code} {envelope['exit_name'].removeprefix('EXIT_')} ", style),
+                      "  ", envelope["exit_meaning"]),
+        Text.assemble(("CI action: ", "bold"), envelope["ci_action"]),
+        Text.assemble(("decided by: ", "bold"),
+                      f"rule {decided['rule']}: {decided['explanation']}"),
+    ]
+    if envelope.get("cancelled"):
+        cancel = envelope["cancelled"]
+        parts.append(Text.assemble(("cancelled: ", "bold"), f"by {cancel['by']} at {cancel['at']}"))
+    for item in envelope.get("disagreements", []):
+        parts.append(Text(f"note: rank {item['rank']} exited {item['exit_code']}, unlike rank 0",
+                          style="yellow"))
+    root = envelope.get("root_cause_rank")
+    if root is not None:
+        rank = next((r for r in envelope["ranks"] if r["rank"] == root), None)
+        if rank is not None:
+            parts.append(Text(f"root cause: rank {root}", style="bold red"))
+            error = rank.get("error") or {}
+            tail = (error.get("traceback") or "").splitlines()[-12:] or (rank.get("stderr_tail")
+                                                                         or [])[-12:]
+            parts.extend(Text("  " + line, style="red") for line in tail)
+    killed = [r for r in envelope["ranks"] if r.get("signal") == "SIGKILL"
+              and r.get("signalled_by_supervisor")]
+    for rank in killed:
+        parts.append(Text(f"rank {rank['rank']}: SIGKILL sent by forgelm-tui "
+                          f"({rank['signals_sent'][-1]['reason']})", style="magenta"))
+    if code == 4:
+        results = [r.get("forgelm_result") for r in envelope["ranks"]]
+        for index, result in enumerate(results):
+            for hint in approval_hints(result):
+                parts.append(Text(f"rank {index} {hint}", style="cyan"))
+    parts.append(Text.assemble(("envelope: ", "bold"), envelope_path or "(not written)"))
+    parts.append(Text("q quit with this code · s save the envelope · ? keys", style="dim"))
+    return Group(*parts)
+
+
+class VerdictPanel(Static):
+    def show_verdict(self, envelope: dict[str, Any], envelope_path: str | None) -> None:
+        self.update(verdict_renderable(envelope, envelope_path))
+        self.display = True
