@@ -207,6 +207,10 @@ class SupervisorApp(App[int]):
             pane.show(self.model.logs, int(event.row_key.value))
             self._update_log_title()
 
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        """Enter (or a click on the selected row) switches between this rank and all ranks."""
+        self.action_toggle_rank_log()
+
     def action_toggle_rank_log(self) -> None:
         pane = self.query_one(LogPane)
         rank = self.query_one(RankTable).selected_rank()

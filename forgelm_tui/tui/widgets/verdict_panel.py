@@ -72,6 +72,9 @@ def verdict_renderable(envelope: dict[str, Any], envelope_path: str | None) -> R
 
 
 class VerdictPanel(Static):
+    shown: RenderableType | None = None
+
     def show_verdict(self, envelope: dict[str, Any], envelope_path: str | None) -> None:
-        self.update(verdict_renderable(envelope, envelope_path))
+        self.shown = verdict_renderable(envelope, envelope_path)
+        self.update(self.shown)
         self.display = True

@@ -1,0 +1,207 @@
+"""A scripted run for the TUI: the same surface as the real session, driven by hand.
+
+The snapshot tests, the Pilot tests and the screenshot script all use these states, so the
+screenshots in the README are exactly what the tests check.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from forgelm_tui import envelope as env_mod
+from forgelm_tui.engine import events as ev
+from forgelm_tui.engine.records import CancelRequest, Purpose, RankRecord, SignalSent, StopRecord
+from forgelm_tui.run import Outcome
+from forgelm_tui.verdict import Contract, StopFacts, StopKind, decide
+
+T0 = 1_796_040_000.0  # a fixed epoch second, so every rendered time is the same on every run
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class ScriptedRun:
+    """Stands in for :class:`forgelm_tui.run.Session`; records the commands it receives."""
+
+    def __init__(self, world_size: int, *, run_id: str = "20261130-120000-abc123",
+                 grace: float = 30.0, command: list[str] | None = None) -> None:
+        self.run_id = run_id
+        self.world_size = world_size
+        self.grace = grace
+        self.command = command or ["forgelm-tui", "--nproc-per-node", str(world_size),
+                                   "--config", "job.yaml"]
+        self.commands: list[tuple[str, Any]] = []
+        self.outside = False
+        self._listeners: list[Callable[[ev.Event], None]] = []
+        self._outcome: asyncio.Future[Outcome] | None = None
+
+    def subscribe(self, listener: Callable[[ev.Event], None]) -> None:
+        self._listeners.append(listener)
+
+    def emit(self, *events: ev.Event) -> None:
+        for event in events:
+            for listener in self._listeners:
+                listener(event)
+
+    def request_cancel(self, origin: str = "operator", sig: int = signal.SIGINT) -> None:
+        self.commands.append(("cancel", origin))
+
+    def kill_now(self, origin: str = "operator") -> None:
+        self.commands.append(("kill", origin))
+
+    def forward(self, sig: int) -> None:
+        self.commands.append(("forward", signal.Signals(sig).name))
+
+    def cancelled_from_outside(self) -> bool:
+        return self.outside
+
+    async def run(self) -> Outcome:
+        self._outcome = asyncio.get_running_loop().create_future()
+        return await self._outcome
+
+    def finish(self, outcome: Outcome) -> None:
+        assert self._outcome is not None, "the app has not started the run yet"
+        self._outcome.set_result(outcome)
+
+
+# ---------------------------------------------------------------------- the states
+
+
+def start_ranks(run: ScriptedRun, clock: FakeClock, quiet: int | None = None) -> None:
+    run.emit(ev.RunStarted(run.run_id, run.world_size, ("python",), "/runs/x", T0))
+    for rank in range(run.world_size):
+        run.emit(ev.RankStarted(rank, rank, 41000 + rank, T0))
+    clock.advance(95)
+    for step in range(1, 4):
+        for rank in range(run.world_size):
+            if rank != quiet:
+                line = f"{{'loss': {2.5 - 0.1 * step - 0.01 * rank:.4f}, 'step': {step * 10}}}"
+                run.emit(ev.RankOutput(rank, "stdout", (line,)))
+    if quiet is not None:
+        run.emit(ev.RankOutput(quiet, "stderr", ("waiting at barrier (rank idles while rank 0 "
+                                                 "evaluates)",)))
+    clock.advance(2)
+    for rank in range(run.world_size):
+        is_quiet = rank == quiet
+        run.emit(ev.RankSampled(rank, 0.0 if is_quiet else 97.5 - rank, 1_503_238_553 + rank
+                                * 1_048_576, 2, 42.0 if is_quiet else 2.0, is_quiet))
+
+
+def state_running(run: ScriptedRun, clock: FakeClock) -> None:
+    """8 ranks training, rank 5 quiet."""
+    start_ranks(run, clock, quiet=5)
+
+
+def state_cancelling(run: ScriptedRun, clock: FakeClock) -> None:
+    """The operator cancelled; rank 3 ignores SIGTERM and the grace counts down."""
+    start_ranks(run, clock)
+    live = tuple(range(run.world_size))
+    reason = "stop: cancelled by operator"
+    for rank in live:
+        run.emit(ev.RankSignalled(rank, signal.SIGTERM, reason, T0 + 97))
+    run.emit(ev.RunStopping("cancel", "cancelled by operator", run.grace, clock() + run.grace,
+                            live, T0 + 97))
+    clock.advance(1)
+    for rank in live:
+        if rank != 3:
+            run.emit(ev.RankExited(rank, None, signal.SIGTERM, True, T0 + 98))
+    clock.advance(5)
+    run.emit(ev.StopCountdown(run.grace - 6, (3,)))
+
+
+def _records(world: int, ends: dict[int, tuple[int | None, int | None, float, list[SignalSent]]],
+             stderr: dict[int, list[str]] | None = None) -> list[RankRecord]:
+    records = []
+    for rank in range(world):
+        code, sig, end, sent = ends[rank]
+        record = RankRecord(rank, rank, 0, f"/runs/x/rank-{rank}.stdout.log",
+                            f"/runs/x/rank-{rank}.stderr.log", f"/runs/x/rank-{rank}.error.json",
+                            pid=41000 + rank, started_at=T0, started_mono=0.0)
+        record.signals_sent.extend(sent)
+        record.mark_exit(-sig if sig else int(code or 0))
+        record.ended_at, record.ended_mono = T0 + end, end
+        record.stderr_tail.extend((stderr or {}).get(rank, []))
+        records.append(record)
+    return records
+
+
+def _outcome(run: ScriptedRun, records: list[RankRecord], stop: StopRecord | None,
+             cancels: list[CancelRequest], results: dict[int, dict[str, Any]],
+             envelope_dir: Path | None) -> Outcome:
+    facts = StopFacts(stop.kind, stop.signal) if stop else None
+    verdict = decide([r.outcome() for r in records], facts, Contract.FORGELM)
+    info = env_mod.RunInfo(run_id=run.run_id, command=run.command, mode="forgelm",
+                           contract=Contract.FORGELM, world_size=run.world_size,
+                           nproc_per_node=run.world_size, started_at=T0, ended_at=T0 + 130,
+                           run_dir="/runs/x", grace=run.grace, drain=60.0)
+    envelope = env_mod.build(info, verdict, records, stop=stop, cancels=cancels, results=results)
+    path = "/runs/x/envelope.json"
+    if envelope_dir is not None:
+        target = envelope_dir / "envelope.json"
+        env_mod.write_atomic(target, envelope)
+        path = str(target)
+    return Outcome(verdict, envelope, path, [])
+
+
+def state_failed(run: ScriptedRun, clock: FakeClock, envelope_dir: Path | None = None) -> Outcome:
+    """Rank 1 crashed on its own; the others were stopped; the verdict names rank 1."""
+    start_ranks(run, clock)
+    trace = ["Traceback (most recent call last):",
+             '  File "forgelm/trainer.py", line 812, in train',
+             "    loss.backward()",
+             "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"]
+    run.emit(ev.RankOutput(1, "stderr", tuple(trace)))
+    run.emit(ev.RankExited(1, 2, None, False, T0 + 120))
+    reason = "rank 1 failed (exit 2)"
+    sent = [SignalSent(signal.SIGTERM, T0 + 120.001, reason, Purpose.STOP)]
+    others = [r for r in range(run.world_size) if r != 1]
+    for rank in others:
+        run.emit(ev.RankSignalled(rank, signal.SIGTERM, f"stop: {reason}", T0 + 120.001))
+        run.emit(ev.RankExited(rank, None, signal.SIGTERM, True, T0 + 121))
+    run.emit(ev.RunFinished(T0 + 121))
+    ends: dict[int, tuple[int | None, int | None, float, list[SignalSent]]] = {
+        r: (None, signal.SIGTERM, 121.0, sent) for r in others}
+    ends[1] = (2, None, 120.0, [])
+    stop = StopRecord(StopKind.FAILURE, reason, "failure", None, T0 + 120.001, 0.0)
+    records = _records(run.world_size, ends, {1: trace})
+    return _outcome(run, records, stop, [], {}, envelope_dir)
+
+
+def state_approval(run: ScriptedRun, clock: FakeClock,
+                   envelope_dir: Path | None = None) -> Outcome:
+    """Both ranks staged their model and exit 4: awaiting human approval."""
+    start_ranks(run, clock)
+    results = {}
+    for rank in range(run.world_size):
+        result = {"success": True, "awaiting_approval": True,
+                  "run_id": f"fg-20261130-1200{rank:02d}",
+                  "staging_path": f"./checkpoints/final_model.staging.{rank}"}
+        results[rank] = result
+        run.emit(ev.RankOutput(rank, "stdout", ('{', '  "success": true,',
+                                                '  "awaiting_approval": true', '}')))
+        run.emit(ev.RankExited(rank, 4, None, False, T0 + 125))
+    run.emit(ev.RunFinished(T0 + 125))
+    ends: dict[int, tuple[int | None, int | None, float, list[SignalSent]]] = {
+        r: (4, None, 125.0, []) for r in range(run.world_size)}
+    records = _records(run.world_size, ends)
+    return _outcome(run, records, None, [], results, envelope_dir)
+
+
+STATES: dict[str, tuple[int, Callable[..., Any]]] = {
+    "running": (8, state_running),
+    "cancelling": (8, state_cancelling),
+    "failed": (4, state_failed),
+    "approval": (2, state_approval),
+}

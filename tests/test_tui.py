@@ -1,0 +1,240 @@
+"""The TUI driven by a scripted run: every action and state, plus snapshots of the key states."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from textual.pilot import Pilot
+from textual.widgets import Static
+
+from forgelm_tui.engine import events as ev
+from forgelm_tui.tui.app import SupervisorApp, build_app
+from forgelm_tui.tui.scripted import STATES, FakeClock, ScriptedRun
+from forgelm_tui.tui.screens.confirm import ConfirmCancel
+from forgelm_tui.tui.widgets.log_pane import LogPane
+from forgelm_tui.tui.widgets.rank_table import RankTable
+from forgelm_tui.tui.widgets.verdict_panel import VerdictPanel
+
+pytestmark = pytest.mark.timeout(60)
+SIZE = (140, 42)
+
+
+def make(state: str, tmp_path: Path | None = None) -> tuple[SupervisorApp, ScriptedRun,
+                                                            Callable[[Pilot[Any]], Awaitable[None]]]:
+    world, play = STATES[state]
+    run = ScriptedRun(world)
+    clock = FakeClock()
+    save = None
+    if tmp_path is not None:
+        save = tmp_path / "downloads"
+        save.mkdir(exist_ok=True)
+    app = build_app(run, clock=clock, save_directory=save)
+
+    async def prepare(pilot: Pilot[Any]) -> None:
+        await pilot.pause()
+        if state in ("failed", "approval"):
+            outcome = play(run, clock, tmp_path)
+            run.finish(outcome)
+        else:
+            play(run, clock)
+        await pilot.pause()
+        app.refresh_table()
+        app.flush_logs()
+        await pilot.pause()
+
+    return app, run, prepare
+
+
+def panel_text(app: SupervisorApp) -> str:
+    from rich.console import Console
+
+    console = Console(width=200, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
+    console.print(app.query_one(VerdictPanel).shown)
+    return console.export_text()
+
+
+async def test_running_shows_every_rank_and_the_quiet_one() -> None:
+    app, _, prepare = make("running")
+    async with app.run_test(size=SIZE) as pilot:
+        await prepare(pilot)
+        table = app.query_one(RankTable)
+        assert table.row_count == 8
+        assert str(table.get_cell("5", "state")) == "quiet"
+        assert str(table.get_cell("0", "state")) == "running"
+        assert "loss" in str(table.get_cell("0", "last"))
+        assert len(app.query_one(LogPane).lines) == 7 * 3 + 1  # rank 5 is quiet
+
+
+async def test_cancel_asks_first_then_stops() -> None:
+    app, run, prepare = make("running")
+    async with app.run_test(size=SIZE) as pilot:
+        await prepare(pilot)
+        await pilot.press("c")
+        assert isinstance(app.screen, ConfirmCancel)
+        await pilot.press("n")
+        assert run.commands == []
+        await pilot.press("ctrl+c")
+        assert isinstance(app.screen, ConfirmCancel)
+        await pilot.press("y")
+        await pilot.pause()
+        assert run.commands == [("cancel", "operator")]
+
+
+async def test_second_cancel_and_k_kill_now() -> None:
+    app, run, prepare = make("cancelling")
+    async with app.run_test(size=SIZE) as pilot:
+        await prepare(pilot)
+        header = str(app.query_one("#header", Static).render())
+        assert "STOPPING" in header and "SIGKILL in 24 s" in header
+        assert str(app.query_one(RankTable).get_cell("3", "state")) == "stopping"
+        assert "operator cancel" in str(app.query_one(RankTable).get_cell("0", "signal"))
+        await pilot.press("c")
+        await pilot.press("k")
+        assert run.commands == [("kill", "operator (second cancel)"), ("kill", "operator")]
+
+
+async def test_palette_forwards_signals() -> None:
+    app, run, prepare = make("running")
+    async with app.run_test(size=SIZE) as pilot:
+        await prepare(pilot)
+        await pilot.press("ctrl+p")
+        await pilot.press(*"Forward SIGUSR2")
+        await pilot.pause(0.3)
+        await pilot.press("enter")
+        await pilot.pause()
+        assert run.commands == [("forward", "SIGUSR2")]
+
+
+async def test_failed_verdict_names_the_root_cause(tmp_path: Path) -> None:
+    app, _, prepare = make("failed", tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await prepare(pilot)
+        text = panel_text(app)
+        assert "exit 2 TRAINING_ERROR" in text
+        assert "rule 2: root cause: rank 1 failed on its own (exit 2)" in text
+        assert "RuntimeError: CUDA out of memory" in text
+        assert "investigate logs" in text
+        assert str(tmp_path / "envelope.json") in text
+
+
+async def test_approval_verdict_then_q_exits_with_4(tmp_path: Path) -> None:
+    app, _, prepare = make("approval", tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await prepare(pilot)
+        text = panel_text(app)
+        assert "exit 4 AWAITING_APPROVAL" in text
+        assert "request review" in text
+        assert "staged at: ./checkpoints/final_model.staging.0" in text
+        await pilot.press("q")
+    assert app.return_code == 4 or app.return_value == 4
+
+
+async def test_save_writes_the_same_envelope(tmp_path: Path) -> None:
+    app, _, prepare = make("approval", tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await prepare(pilot)
+        await pilot.press("s")
+        assert app.saved_to is not None
+        saved = Path(app.saved_to)
+        for _ in range(100):
+            if saved.exists():
+                break
+            await pilot.pause(0.05)
+        assert saved.read_bytes() == (tmp_path / "envelope.json").read_bytes()
+
+
+async def test_q_during_run_asks_to_cancel_first() -> None:
+    app, run, prepare = make("running")
+    async with app.run_test(size=SIZE) as pilot:
+        await prepare(pilot)
+        await pilot.press("q")
+        assert isinstance(app.screen, ConfirmCancel)
+        await pilot.press("escape")
+        assert app.is_running and run.commands == []
+
+
+async def test_search_follow_and_rank_views() -> None:
+    app, _, prepare = make("running")
+    async with app.run_test(size=SIZE) as pilot:
+        await prepare(pilot)
+        await pilot.press("slash", *"'step': 20", "enter")
+        await pilot.pause()
+        title = str(app.query_one("#log-title", Static).render())
+        assert "1/7" in title, title
+        await pilot.press("n")
+        assert "2/7" in str(app.query_one("#log-title", Static).render())
+        await pilot.press("N")
+        assert "1/7" in str(app.query_one("#log-title", Static).render())
+        assert "paused" in str(app.query_one("#log-title", Static).render())
+        await pilot.press("f")
+        assert "following" in str(app.query_one("#log-title", Static).render())
+        await pilot.press("down", "down", "enter")
+        pane = app.query_one(LogPane)
+        assert pane.rank == 2
+        assert all(line.startswith("[rank 2]") for line in pane.lines)
+        await pilot.press("a")
+        assert pane.rank is None
+
+
+async def test_child_text_is_never_markup() -> None:
+    app, run, prepare = make("running")
+    async with app.run_test(size=SIZE) as pilot:
+        await prepare(pilot)
+        run.emit(ev.RankOutput(0, "stdout", ("[bold]not bold[/] [rank0] [/]",)))
+        app.refresh_table()
+        app.flush_logs()
+        await pilot.pause()
+        assert str(app.query_one(RankTable).get_cell("0", "last")) == "[bold]not bold[/] [rank0] [/]"
+        assert app.query_one(LogPane).lines[-1] == "[rank 0] [bold]not bold[/] [rank0] [/]"
+
+
+async def test_flood_is_bounded_per_flush() -> None:
+    app, run, prepare = make("running")
+    async with app.run_test(size=SIZE) as pilot:
+        await prepare(pilot)
+        for chunk in range(200):
+            run.emit(ev.RankOutput(chunk % 8, "stdout", tuple(f"line {chunk}-{i}" for i in
+                                                             range(500))))
+        app.flush_logs()
+        await pilot.pause()
+        lines = app.query_one(LogPane).lines
+        assert len(lines) <= 7 * 3 + 1 + 4_001
+        assert any("lines not shown here" in line for line in lines)
+        assert lines[-1] == "[rank 7] line 199-499"
+
+
+async def test_outside_signal_exits_after_the_run(tmp_path: Path) -> None:
+    app, run, prepare = make("running")
+    run.outside = True
+    async with app.run_test(size=SIZE) as pilot:
+        await prepare(pilot)
+        from forgelm_tui.tui.scripted import state_failed
+
+        outcome = state_failed(ScriptedRun(4), FakeClock(), tmp_path)
+        run.finish(outcome)
+        await pilot.pause(0.2)
+    assert app.return_value == 2
+
+
+def _snap(state: str, snap_compare: Any, tmp_path: Path) -> None:
+    app, _, prepare = make(state, None)
+    assert snap_compare(app, terminal_size=SIZE, run_before=prepare)
+
+
+def test_snapshot_running(snap_compare: Any, tmp_path: Path) -> None:
+    _snap("running", snap_compare, tmp_path)
+
+
+def test_snapshot_cancelling(snap_compare: Any, tmp_path: Path) -> None:
+    _snap("cancelling", snap_compare, tmp_path)
+
+
+def test_snapshot_failed(snap_compare: Any, tmp_path: Path) -> None:
+    _snap("failed", snap_compare, tmp_path)
+
+
+def test_snapshot_approval(snap_compare: Any, tmp_path: Path) -> None:
+    _snap("approval", snap_compare, tmp_path)

@@ -1,0 +1,128 @@
+"""The real CLI in a real terminal (tmux): what an operator sees and presses."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import rank_script, wait_for
+
+pytestmark = pytest.mark.timeout(120)
+
+if shutil.which("tmux") is None:  # CI installs it (.ci/run); a bare dev machine may not have it
+    pytestmark = [pytestmark, pytest.mark.skipif(not os.environ.get("CI"), reason="no tmux")]
+
+
+class Terminal:
+    def __init__(self, tmp_path: Path) -> None:
+        self.socket = f"ftui-{uuid.uuid4().hex[:8]}"
+        self.tmp = tmp_path
+        self.exit_file = tmp_path / "exit-code"
+
+    def tmux(self, *args: str) -> str:
+        return subprocess.run(["tmux", "-L", self.socket, *args], capture_output=True,
+                              text=True, timeout=10, check=True).stdout
+
+    def start(self, args: list[str]) -> None:
+        cli = [sys.executable, "-m", "forgelm_tui", "--tui", "--run-dir",
+               str(self.tmp / "run"), *args]
+        script = f"cd {shlex.quote(str(self.tmp))}; {shlex.join(cli)}; " \
+                 f"echo $? > {shlex.quote(str(self.exit_file))}; sleep 60"
+        env = [f"-e{k}={v}" for k, v in (("TERM", "xterm-256color"), ("CI", ""))]
+        self.tmux("new-session", "-d", "-x", "150", "-y", "45", *env, "sh", "-c", script)
+
+    def screen(self) -> str:
+        return self.tmux("capture-pane", "-p", "-J")
+
+    def wait_screen(self, pattern: str, timeout: float = 45) -> str:
+        regex = re.compile(pattern)
+
+        def match() -> str | None:
+            screen = self.screen()
+            return screen if regex.search(screen) else None
+
+        try:
+            return str(wait_for(match, timeout, f"{pattern!r} on screen", step=0.1))
+        except AssertionError:
+            raise AssertionError(f"{pattern!r} not on screen:\n{self.screen()}") from None
+
+    def press(self, *keys: str) -> None:
+        self.tmux("send-keys", *keys)
+
+    def exit_code(self) -> int:
+        wait_for(lambda: self.exit_file.exists() and self.exit_file.read_text().strip(), 30,
+                 "the CLI to exit")
+        return int(self.exit_file.read_text())
+
+    def envelope(self) -> dict[str, object]:
+        return dict(json.loads((self.tmp / "run" / "envelope.json").read_text()))
+
+    def close(self) -> None:
+        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True,
+                       timeout=10)
+
+
+@pytest.fixture
+def term(tmp_path: Path) -> Iterator[Terminal]:
+    terminal = Terminal(tmp_path)
+    yield terminal
+    terminal.close()
+
+
+def test_awaiting_approval_verdict_and_q(term: Terminal) -> None:
+    term.start(["--nproc-per-node", "2", rank_script("exit_with.py"), "4", "--sleep", "2"])
+    screen = term.wait_screen(r"RUNNING")
+    assert re.search(r"^\s*0\s+0\s+\d+\s+running", screen, re.M)
+    assert re.search(r"^\s*1\s+1\s+\d+\s+running", screen, re.M)
+    term.wait_screen(r"exit 4 AWAITING_APPROVAL\s+model staged")
+    term.press("q")
+    assert term.exit_code() == 4
+    after = term.wait_screen(r"forgelm-tui: exit 4 EXIT_AWAITING_APPROVAL")
+    assert "envelope.json" in after.replace("\n", "")
+
+
+def test_cancel_demo_from_the_tui(term: Terminal) -> None:
+    term.start(["demo", "--steps", "400", "--step-time", "0.2"])
+    term.wait_screen(r"step \d+/400")
+    term.press("c")
+    term.wait_screen(r"Stop the run\?")
+    term.press("y")
+    term.wait_screen(r"FINISHED.*exit 2 TRAINING_ERROR")
+    term.wait_screen(r"rule 4: interrupted")
+    term.press("q")
+    assert term.exit_code() == 2
+    envelope = term.envelope()
+    assert envelope["cancelled"]["by"] == "operator"  # type: ignore[index]
+    assert envelope["exit_code"] == 2
+
+
+def test_cancel_with_rank_ignoring_sigterm_counts_down_and_kills(term: Terminal,
+                                                                 tmp_path: Path) -> None:
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    term.start(["--nproc-per-node", "2", "--grace", "3", rank_script("sleeper.py"), str(marks),
+                "--ignore-term", "1"])
+    wait_for(lambda: all((marks / f"ready-{r}").exists() for r in range(2)), 30, "ranks ready")
+    term.wait_screen(r"RUNNING")
+    term.press("c")
+    term.wait_screen(r"Stop the run\?")
+    term.press("y")
+    term.wait_screen(r"STOPPING\s+SIGKILL in [1-3] s")
+    term.wait_screen(r"rank 1: SIGKILL sent by forgelm-tui \(grace of 3 s ended\)")
+    term.press("q")
+    assert term.exit_code() == 2
+    rank1 = term.envelope()["ranks"][1]  # type: ignore[index]
+    term_at, kill_at = (s["at"] for s in rank1["signals_sent"][:2])
+    from datetime import datetime
+
+    gap = (datetime.fromisoformat(kill_at[:-1]) - datetime.fromisoformat(term_at[:-1]))
+    assert 2.7 < gap.total_seconds() < 4.0
