@@ -166,6 +166,11 @@ class Planner:
         self.extra_paths.append(last_exit)
         if importlib.util.find_spec("forgelm") is None:
             raise UsageError(f"ForgeLM is not installed for {sys.executable}: pip install forgelm")
+        if not any(a == "--output-format" or a.startswith("--output-format=")
+                   for a in forgelm_args):
+            # ForgeLM's JSON result is what the envelope carries; ask for it unless the
+            # operator chose a format.
+            forgelm_args = [*forgelm_args, "--output-format", "json"]
         return [sys.executable, "-u", "-m", "forgelm.cli", *forgelm_args]
 
     def _view(self, ns: argparse.Namespace) -> str:

@@ -7,25 +7,25 @@ Everything is built locally — no model weights or datasets are downloaded:
 * :func:`write_dataset` writes a local ``{"text": ...}`` JSONL corpus.
 * :func:`write_job` writes a ForgeLM YAML config pointing at both, with
   ``model.offline: true`` and ``evaluation.require_human_approval`` as requested.
-* :func:`make_job` does all three in one directory.
+* :func:`make_job` does all three in one directory and returns a :class:`Job`.
 * :func:`job_env` returns the environment a ForgeLM / torchrun child needs
   (operator identity, offline flags, single-threaded BLAS, private HF cache).
-* :func:`forgelm_cmd` / :func:`torchrun_cmd` build the argv for a run.
+* :func:`forgelm_cmd` / :func:`torchrun_cmd` / :func:`rank_env` build a run.
+* :func:`result_envelope` / :func:`read_audit_log` read back what ForgeLM wrote.
 
-No module-level imports beyond the standard library: ``torch`` /
+Only the standard library is imported at module level: ``torch`` /
 ``transformers`` / ``tokenizers`` are imported lazily inside
-:func:`build_tiny_model`, so this module can be imported by a test process
-that does not have them (e.g. a supervisor test that only needs ``write_job``
-against a model directory built earlier).
+:func:`build_tiny_model` and ``yaml`` inside :func:`write_job`.
 
 Usage from a test::
 
-    from tests.forgelm_job import make_job, job_env, torchrun_cmd
+    from tests.forgelm_job import make_job, job_env, torchrun_cmd, result_envelope
     job = make_job(tmp_path)                      # require_human_approval=True
     proc = subprocess.run(torchrun_cmd(job.config), env=job_env(tmp_path),
                           cwd=tmp_path, capture_output=True, text=True)
+    # every rank exits 4; torchrun itself exits 1 (ChildFailedError)
 
-Run ``python tests/forgelm_job.py [DIR] [--ranks N] [--long]`` to smoke-test.
+Smoke test: ``python tests/forgelm_job.py [DIR] [--ranks N] [--long] [--no-approval]``.
 """
 
 from __future__ import annotations
@@ -35,12 +35,11 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any
 
-# Where the project's venv lives (overridable so CI can point elsewhere).
-VENV = Path(os.environ.get("FORGELM_VENV", "/work/venv"))
-PYTHON = str(VENV / "bin" / "python")
-TORCHRUN = str(VENV / "bin" / "torchrun")
+# The interpreter running the tests is the one with forgelm installed (CI's .venv).
+PYTHON = sys.executable
+TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 
 # ForgeLM exit-code contract (forgelm/cli/_exit_codes.py).
 EXIT_SUCCESS = 0
@@ -49,22 +48,49 @@ EXIT_TRAINING_ERROR = 2
 EXIT_EVAL_FAILURE = 3
 EXIT_AWAITING_APPROVAL = 4
 
-# Step counts.  Measured on a 2-core CPU box (torch 2.13 CPU, OMP_NUM_THREADS=1):
-# a 2-rank step with the settings below is roughly 0.03-0.05 s, and the fixed
-# start-up cost (imports + model/dataset load + save + compliance artefacts)
-# is ~12-15 s per rank.  QUICK_STEPS keeps a whole 2-rank run well under 40 s;
-# LONG_STEPS keeps ``trainer.train()`` itself busy for well over 20 s so a
-# supervisor can cancel mid-training.  See ``long_job_extra`` for the knobs.
+# Step counts.  Measured on the 2-core CPU dev box (torch 2.13 CPU,
+# OMP_NUM_THREADS=1): ~45 steps/s with 2 DDP ranks (gloo), ~110 steps/s in a
+# single process; fixed overhead (imports, model/dataset load, staging save,
+# compliance artefacts) is ~7 s single-process and ~9-10 s for 2 ranks.
+# QUICK_STEPS: a whole 2-rank run takes ~10 s.  LONG_STEPS[nproc]: the training
+# loop alone runs ~25-30 s, so a supervisor can cancel mid-training (training
+# starts ~8 s after launch; the audit event ``training.started`` marks it).
 QUICK_STEPS = 4
-LONG_STEPS = 1500
+LONG_STEPS = {1: 3000, 2: 1200}
 
-_WORDS = (
-    "the quick brown fox jumps over lazy dog a model learns to write short "
-    "sentences about cats dogs birds and fish in the sun rain snow wind "
-    "hello world forge train tune rank step loss data text token"
-).split()
+# ``extra`` presets for the other exit codes (all verified against forgelm 0.11.1).
+#
+# CONFIG_ERROR_EXTRA    -> exit 1 in ~0.3 s: pydantic rejects the key; nothing is
+#                          written (no output_dir, no audit log).
+# PREFLIGHT_ERROR_EXTRA -> exit 1 *after* the model loads (~5 s): ForgeTrainer
+#                          raises ConfigError while building TrainingArguments, so
+#                          the audit log gets pipeline.initialized + pipeline.failed.
+# GATE_FAILURE_EXTRA    -> exit 3: the loss gate fails with auto_revert, the staged
+#                          model is deleted; audit: evaluation.loss_gate_completed
+#                          (passed=false) + model.reverted; envelope reverted=true.
+# RUNTIME_ERROR_EXTRA   -> exit 2: the GaLore optimizer needs ``galore_torch`` (not
+#                          installed in the venv) -> ImportError inside
+#                          trainer.train(); audit: training.started + pipeline.failed.
+CONFIG_ERROR_EXTRA: dict[str, Any] = {"training": {"no_such_field": 1}}
+PREFLIGHT_ERROR_EXTRA: dict[str, Any] = {"training": {"eval_steps": 2, "save_steps": 3}}
+GATE_FAILURE_EXTRA: dict[str, Any] = {
+    "evaluation": {"auto_revert": True, "max_acceptable_loss": 0.001}
+}
+RUNTIME_ERROR_EXTRA: dict[str, Any] = {"training": {"galore_enabled": True}}
+
+_WORDS = [
+    "the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "a", "model",
+    "learns", "to", "write", "short", "sentences", "about", "cats", "dogs", "birds",
+    "and", "fish", "in", "sun", "rain", "snow", "wind", "hello", "world", "forge",
+    "train", "tune", "rank", "step", "loss", "data", "text", "token",
+]  # fmt: skip
 
 SPECIAL_TOKENS = {"pad": "<pad>", "eos": "</s>", "bos": "<s>", "unk": "<unk>"}
+
+
+def long_steps(nproc: int = 2) -> int:
+    """``max_steps`` that keeps ``trainer.train()`` busy ~25-30 s with ``nproc`` CPU ranks."""
+    return LONG_STEPS.get(nproc, LONG_STEPS[2])
 
 
 # ---------------------------------------------------------------------------
@@ -72,7 +98,7 @@ SPECIAL_TOKENS = {"pad": "<pad>", "eos": "</s>", "bos": "<s>", "unk": "<unk>"}
 # ---------------------------------------------------------------------------
 
 
-def _corpus_lines(n: int) -> List[str]:
+def _corpus_lines(n: int) -> list[str]:
     """Deterministic pseudo-sentences built from ``_WORDS`` (no RNG dependency)."""
     lines = []
     for i in range(n):
@@ -82,34 +108,43 @@ def _corpus_lines(n: int) -> List[str]:
     return lines
 
 
-def build_tiny_model(dir: Path, *, hidden_size: int = 32, num_layers: int = 2, seed: int = 0) -> Path:
-    """Build a tiny random-weight LlamaForCausalLM + WordLevel tokenizer under ``dir``.
+def _model_complete(dir: Path) -> bool:
+    return all((dir / f).is_file() for f in ("config.json", "tokenizer.json", "model.safetensors"))
 
-    Returns the model directory (``dir`` itself), loadable with
-    ``AutoModelForCausalLM.from_pretrained(dir)`` / ``AutoTokenizer.from_pretrained(dir)``
-    and therefore by ForgeLM with ``model.name_or_path: <dir>`` + ``model.offline: true``.
-    Module names include ``q_proj`` / ``v_proj`` (ForgeLM's default LoRA targets).
-    Idempotent: an existing build (``config.json`` + ``tokenizer.json`` present) is reused.
+
+def build_tiny_model(
+    dir: Path, *, hidden_size: int = 32, num_layers: int = 2, seed: int = 0
+) -> Path:
+    """Build a tiny random-weight LlamaForCausalLM + WordLevel tokenizer in ``dir``.
+
+    Returns ``dir``, loadable with ``AutoModelForCausalLM`` / ``AutoTokenizer``
+    and therefore by ForgeLM with ``model.name_or_path: <dir>`` and
+    ``model.offline: true``.  ~25k parameters; module names include ``q_proj`` /
+    ``v_proj`` (ForgeLM's default LoRA targets).  Takes ~3-4 s (mostly imports).
+    Idempotent and safe against concurrent builders: it builds in a temp
+    sibling directory and renames it into place; an existing build is reused.
     """
     dir = Path(dir)
-    if (dir / "config.json").is_file() and (dir / "tokenizer.json").is_file() and (dir / "model.safetensors").is_file():
+    if _model_complete(dir):
         return dir
-    dir.mkdir(parents=True, exist_ok=True)
+    dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dir.with_name(f".{dir.name}.tmp-{os.getpid()}")
 
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    specials = [SPECIAL_TOKENS["pad"], SPECIAL_TOKENS["unk"], SPECIAL_TOKENS["bos"], SPECIAL_TOKENS["eos"]]
+    specials = [SPECIAL_TOKENS[k] for k in ("pad", "unk", "bos", "eos")]
     tok = Tokenizer(models.WordLevel(unk_token=SPECIAL_TOKENS["unk"]))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.train_from_iterator(
-        _corpus_lines(200) + [" ".join(_WORDS), "[USER] [ASSISTANT] : . , ! ?"],
+        [*_corpus_lines(200), " ".join(_WORDS), "[USER] [ASSISTANT] : . , ! ?"],
         trainer=trainers.WordLevelTrainer(special_tokens=specials, min_frequency=1),
     )
-    # No BOS/EOS post-processing: ForgeLM appends eos itself (data.add_eos).
+    # No BOS/EOS post-processing: ForgeLM / TRL append eos themselves (data.add_eos).
     tok.post_processor = processors.TemplateProcessing(single="$A", pair="$A $B")
-    hf_tok = PreTrainedTokenizerFast(
+    fast_tokenizer_cls: Any = PreTrainedTokenizerFast  # untyped in transformers 5
+    hf_tok = fast_tokenizer_cls(
         tokenizer_object=tok,
         pad_token=SPECIAL_TOKENS["pad"],
         eos_token=SPECIAL_TOKENS["eos"],
@@ -133,9 +168,16 @@ def build_tiny_model(dir: Path, *, hidden_size: int = 32, num_layers: int = 2, s
         eos_token_id=hf_tok.eos_token_id,
         tie_word_embeddings=False,
     )
-    model = LlamaForCausalLM(cfg)
-    model.save_pretrained(dir)
-    hf_tok.save_pretrained(dir)
+    LlamaForCausalLM(cfg).save_pretrained(tmp)
+    hf_tok.save_pretrained(tmp)
+    try:
+        os.rename(tmp, dir)  # atomic; fails if a concurrent builder won the race
+    except OSError:
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not _model_complete(dir):
+            raise
     return dir
 
 
@@ -148,7 +190,7 @@ def write_dataset(path: Path, *, rows: int = 64) -> Path:
     """Write ``rows`` lines of ``{"text": ...}`` JSONL to ``path`` and return it.
 
     ForgeLM auto-splits a validation set off this (10 %, >= 1 row), so 64 rows
-    give ~57 train / ~7 validation rows.
+    give 57 train / 7 validation rows.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -163,11 +205,11 @@ def write_dataset(path: Path, *, rows: int = 64) -> Path:
 # ---------------------------------------------------------------------------
 
 
-def _deep_merge(base: Dict[str, Any], extra: Dict[str, Any]) -> Dict[str, Any]:
+def _deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for key, value in extra.items():
-        if value is None and key in out:
-            out.pop(key)  # ``{"evaluation": None}`` deletes the block
+        if value is None:
+            out.pop(key, None)  # ``{"evaluation": None}`` deletes the block
         elif isinstance(value, dict) and isinstance(out.get(key), dict):
             out[key] = _deep_merge(out[key], value)
         else:
@@ -178,17 +220,17 @@ def _deep_merge(base: Dict[str, Any], extra: Dict[str, Any]) -> Dict[str, Any]:
 def job_config(
     dir: Path,
     *,
-    model_dir: Optional[Path] = None,
-    dataset: Optional[Path] = None,
+    model_dir: Path | None = None,
+    dataset: Path | None = None,
     require_human_approval: bool = True,
     max_steps: int = QUICK_STEPS,
-    extra: Optional[Dict[str, Any]] = None,
-) -> Dict[str, Any]:
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """The config dict :func:`write_job` serialises (all paths absolute)."""
     dir = Path(dir).resolve()
     model_dir = Path(model_dir or dir / "tiny-model").resolve()
     dataset = Path(dataset or dir / "data.jsonl").resolve()
-    cfg: Dict[str, Any] = {
+    cfg: dict[str, Any] = {
         "model": {
             "name_or_path": str(model_dir),
             "max_length": 64,
@@ -213,12 +255,13 @@ def job_config(
             "gradient_accumulation_steps": 1,
             "learning_rate": 1.0e-3,
             "warmup_ratio": 0.0,
-            # No mid-run eval / checkpoint (save_steps must be a multiple of
-            # eval_steps because a validation split exists).
+            # No mid-run eval / checkpoint.  save_steps must be a multiple of
+            # eval_steps because a validation split exists.  HF still writes
+            # one checkpoint-<max_steps>/ at the end.
             "eval_steps": 100000,
             "save_steps": 100000,
             "save_total_limit": 1,
-            "report_to": "none",
+            "report_to": "none",  # default "tensorboard" would write out/runs/
         },
         "data": {
             "dataset_name_or_path": str(dataset),
@@ -241,9 +284,9 @@ def write_job(
     *,
     require_human_approval: bool = True,
     max_steps: int = QUICK_STEPS,
-    extra: Optional[Dict[str, Any]] = None,
-    model_dir: Optional[Path] = None,
-    dataset: Optional[Path] = None,
+    extra: dict[str, Any] | None = None,
+    model_dir: Path | None = None,
+    dataset: Path | None = None,
     name: str = "job.yaml",
 ) -> Path:
     """Write a ForgeLM YAML config into ``dir`` and return its path.
@@ -252,8 +295,8 @@ def write_job(
     ``dir/data.jsonl`` (build them with :func:`build_tiny_model` /
     :func:`write_dataset`, or use :func:`make_job`).  ``training.output_dir``
     is ``dir/out``.  ``extra`` is deep-merged into the config dict (a ``None``
-    value deletes that key), e.g. ``extra={"training": {"max_steps": 8}}`` or
-    ``extra={"bogus_key": 1}`` for an exit-1 config error.
+    value deletes that key), e.g. ``extra=GATE_FAILURE_EXTRA`` or
+    ``extra=long_job_extra()``.
     """
     dir = Path(dir)
     dir.mkdir(parents=True, exist_ok=True)
@@ -276,19 +319,19 @@ def write_job(
     return path
 
 
-def long_job_extra(max_steps: int = LONG_STEPS) -> Dict[str, Any]:
-    """``extra`` for a job whose training loop runs for well over 20 s on 2 CPU ranks.
+def long_job_extra(nproc: int = 2) -> dict[str, Any]:
+    """``extra`` for a job whose training loop runs ~25-30 s (see :data:`LONG_STEPS`).
 
-    Pass as ``write_job(dir, max_steps=LONG_STEPS)`` (or ``make_job(dir, long=True)``).
-    Only ``max_steps`` changes; no eval / checkpoint happens mid-run, so a
-    cancel always lands inside ``trainer.train()``.
+    Same as ``write_job(dir, max_steps=long_steps(nproc))`` or
+    ``make_job(dir, long=True, nproc=nproc)``.  Only ``max_steps`` changes; no
+    eval / checkpoint happens mid-run, so a cancel lands inside ``trainer.train()``.
     """
-    return {"training": {"max_steps": max_steps}}
+    return {"training": {"max_steps": long_steps(nproc)}}
 
 
 def write_bad_job(dir: Path, name: str = "bad.yaml") -> Path:
     """A config that fails validation -> ForgeLM exits 1 (before any model load)."""
-    return write_job(dir, extra={"training": {"no_such_field": 1}}, name=name)
+    return write_job(dir, extra=CONFIG_ERROR_EXTRA, name=name)
 
 
 @dataclass
@@ -303,7 +346,7 @@ class Job:
     def audit_log(self) -> Path:
         return self.output_dir / "audit_log.jsonl"
 
-    def audit_events(self) -> List[Dict[str, Any]]:
+    def audit_events(self) -> list[dict[str, Any]]:
         return read_audit_log(self.output_dir)
 
 
@@ -311,26 +354,32 @@ def make_job(
     dir: Path,
     *,
     require_human_approval: bool = True,
-    max_steps: Optional[int] = None,
+    max_steps: int | None = None,
     long: bool = False,
-    extra: Optional[Dict[str, Any]] = None,
-    model_dir: Optional[Path] = None,
+    nproc: int = 2,
+    extra: dict[str, Any] | None = None,
+    model_dir: Path | None = None,
 ) -> Job:
-    """Build model (or reuse ``model_dir``), dataset and config in ``dir``."""
+    """Build the model (or reuse ``model_dir``), dataset and config in ``dir``.
+
+    ``long=True`` picks ``long_steps(nproc)``; an explicit ``max_steps`` wins.
+    Pass a shared ``model_dir`` (e.g. from a session-scoped fixture) to skip
+    the ~3-4 s model build per test.
+    """
     dir = Path(dir).resolve()
-    model_dir = build_tiny_model(Path(model_dir) if model_dir else dir / "tiny-model")
+    model = build_tiny_model(Path(model_dir) if model_dir else dir / "tiny-model")
     dataset = write_dataset(dir / "data.jsonl")
     if max_steps is None:
-        max_steps = LONG_STEPS if long else QUICK_STEPS
+        max_steps = long_steps(nproc) if long else QUICK_STEPS
     config = write_job(
         dir,
         require_human_approval=require_human_approval,
         max_steps=max_steps,
         extra=extra,
-        model_dir=model_dir,
+        model_dir=model,
         dataset=dataset,
     )
-    return Job(dir=dir, model_dir=model_dir, dataset=dataset, config=config, output_dir=dir / "out")
+    return Job(dir=dir, model_dir=model, dataset=dataset, config=config, output_dir=dir / "out")
 
 
 # ---------------------------------------------------------------------------
@@ -338,18 +387,17 @@ def make_job(
 # ---------------------------------------------------------------------------
 
 
-def job_env(dir: Optional[Path] = None, base: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+def job_env(dir: Path | None = None, base: dict[str, str] | None = None) -> dict[str, str]:
     """Environment for a ForgeLM / torchrun child process.
 
     * ``FORGELM_OPERATOR`` — audit-log operator identity (else ``user@host``;
-      without a resolvable user ForgeLM refuses to start).
+      with no resolvable user ForgeLM refuses to start).
     * ``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE`` / ``HF_DATASETS_OFFLINE`` —
       ForgeLM sets them itself for ``model.offline: true``; set early anyway.
-    * ``OMP_NUM_THREADS=1`` — 2 ranks on 2 cores; also silences torchrun's
-      OMP warning.
+    * ``OMP_NUM_THREADS=1`` — 2 ranks on 2 cores; also silences torchrun's warning.
     * ``HF_HOME`` / ``HF_DATASETS_CACHE`` — when ``dir`` is given, keep the
-      ``datasets`` Arrow cache (``load_dataset('json', ...)`` writes one) out
-      of ``~/.cache/huggingface``.
+      ``datasets`` Arrow cache (``load_dataset("json", ...)`` always writes one)
+      out of ``~/.cache/huggingface``.
     """
     env = dict(os.environ if base is None else base)
     env.update(
@@ -371,23 +419,27 @@ def job_env(dir: Optional[Path] = None, base: Optional[Dict[str, str]] = None) -
     return env
 
 
-def forgelm_cmd(config: Path, *extra_args: str) -> List[str]:
+def forgelm_cmd(config: Path, *extra_args: str) -> list[str]:
     """Single-process argv: ``python -m forgelm.cli --config X --output-format json``."""
-    return [PYTHON, "-m", "forgelm.cli", "--config", str(config), "--output-format", "json", *extra_args]
+    return [
+        PYTHON, "-m", "forgelm.cli", "--config", str(config), "--output-format", "json",
+        *extra_args,
+    ]  # fmt: skip
 
 
 def torchrun_cmd(
     config: Path,
     *extra_args: str,
     nproc: int = 2,
-    log_dir: Optional[Path] = None,
-    master_port: Optional[int] = None,
-) -> List[str]:
-    """2-rank argv: ``torchrun --nproc-per-node 2 [--log-dir D --redirects 3] -m forgelm.cli ...``.
+    log_dir: Path | None = None,
+    master_port: int | None = None,
+) -> list[str]:
+    """torchrun argv: ``torchrun --nproc-per-node N [...] -m forgelm.cli --config X ...``.
 
-    With ``log_dir`` torchrun writes each rank's stdout/stderr to
-    ``<log_dir>/<run_id>/attempt_0/<rank>/{stdout,stderr}.log`` and records
-    per-rank failures in its own log.  ``--standalone`` picks a free
+    With ``log_dir`` torchrun adds ``--log-dir D --redirects 3`` and writes each
+    rank's output to ``D/<run_id>/attempt_0/<rank>/{stdout,stderr}.log`` (see
+    :func:`torchrun_rank_logs`); its own stderr still carries the failure table
+    (``rank : N`` / ``exitcode : C``).  ``--standalone`` picks a free
     rendezvous port unless ``master_port`` is given.
     """
     cmd = [TORCHRUN, "--nproc-per-node", str(nproc)]
@@ -397,28 +449,70 @@ def torchrun_cmd(
         cmd += ["--master-addr", "127.0.0.1", "--master-port", str(master_port)]
     if log_dir is not None:
         cmd += ["--log-dir", str(log_dir), "--redirects", "3"]
-    cmd += ["-m", "forgelm.cli", "--config", str(config), "--output-format", "json", *extra_args]
-    return cmd
+    cmd += ["-m", "forgelm.cli", "--config", str(config), "--output-format", "json"]
+    return [*cmd, *extra_args]
 
 
-def read_audit_log(output_dir: Path) -> List[Dict[str, Any]]:
-    """Parse ``<output_dir>/audit_log.jsonl`` (empty list if absent)."""
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def rank_env(env: dict[str, str], rank: int, world_size: int, master_port: int) -> dict[str, str]:
+    """Per-rank env for launching :func:`forgelm_cmd` by hand (what torchrun sets).
+
+    Launching the ranks yourself is the way to see every rank's real exit code:
+    torchrun SIGTERMs the surviving ranks as soon as one exits non-zero.
+    """
+    env = dict(env)
+    env.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_WORLD_SIZE=str(world_size),
+        GROUP_RANK="0",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(master_port),
+    )
+    return env
+
+
+def torchrun_rank_logs(log_dir: Path) -> dict[int, dict[str, Path]]:
+    """``{rank: {"stdout": path, "stderr": path}}`` from a torchrun ``--log-dir``."""
+    out: dict[int, dict[str, Path]] = {}
+    for f in sorted(Path(log_dir).glob("*/attempt_*/*/std*.log")):
+        if f.parent.name.isdigit():
+            out.setdefault(int(f.parent.name), {})[f.stem] = f
+    return out
+
+
+def read_audit_log(output_dir: Path) -> list[dict[str, Any]]:
+    """Parse ``<output_dir>/audit_log.jsonl`` (empty list if absent).
+
+    Under torchrun BOTH ranks append to this one file, each with its own
+    ``run_id`` (ForgeLM 0.11.1 has no rank awareness).
+    """
     path = Path(output_dir) / "audit_log.jsonl"
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
 
 
-def parse_json_stdout(text: str) -> List[Dict[str, Any]]:
-    """Extract every top-level JSON object ForgeLM printed on stdout.
+def parse_json_stdout(text: str) -> list[dict[str, Any]]:
+    """Every top-level JSON object found in ``text`` (non-JSON noise is skipped).
 
-    Exit 4/0/3 print a pretty (indent=2) envelope; error paths print a
-    one-line ``{"success": false, "error": ...}``.  Under torchrun without
-    ``--redirects`` both ranks' envelopes are interleaved on one stream
-    (usually whole, since each is one ``print``), so this returns a list.
+    Exit 4/0/3 print a pretty (indent=2) envelope; error paths print a one-line
+    ``{"success": false, "error": ...}``.  Under torchrun without ``--redirects``
+    both ranks' envelopes arrive on one stream, so this returns a list.
     """
     decoder = json.JSONDecoder()
-    out, i = [], 0
+    out: list[dict[str, Any]] = []
+    i = 0
     while True:
         i = text.find("{", i)
         if i < 0:
@@ -433,12 +527,23 @@ def parse_json_stdout(text: str) -> List[Dict[str, Any]]:
         i = end
 
 
+def result_envelope(text: str) -> dict[str, Any] | None:
+    """The last ForgeLM result envelope (a dict with ``success``) in ``text``, or None.
+
+    stdout is NOT pure JSON even with ``--output-format json``: PEFT prints
+    ``trainable params: ...`` and the HF progress callback prints per-step
+    ``{'loss': ...}`` Python dicts (single-quoted, not JSON) before the envelope.
+    """
+    found = [o for o in parse_json_stdout(text) if "success" in o]
+    return found[-1] if found else None
+
+
 # ---------------------------------------------------------------------------
 # Smoke test: python tests/forgelm_job.py [DIR] [--ranks N] [--long] [--no-approval]
 # ---------------------------------------------------------------------------
 
 
-def _main(argv: List[str]) -> int:
+def _main(argv: list[str]) -> int:
     import argparse
     import subprocess
     import tempfile
@@ -450,8 +555,10 @@ def _main(argv: List[str]) -> int:
     ap.add_argument("--long", action="store_true")
     ap.add_argument("--no-approval", action="store_true")
     args = ap.parse_args(argv)
-    base = Path(args.dir or tempfile.mkdtemp(prefix="forgelm-job-"))
-    job = make_job(base, require_human_approval=not args.no_approval, long=args.long)
+    base = Path(args.dir or tempfile.mkdtemp(prefix="forgelm-job-")).resolve()
+    job = make_job(
+        base, require_human_approval=not args.no_approval, long=args.long, nproc=args.ranks
+    )
     env = job_env(base)
     if args.ranks <= 1:
         cmd = forgelm_cmd(job.config)
@@ -459,14 +566,21 @@ def _main(argv: List[str]) -> int:
         cmd = torchrun_cmd(job.config, nproc=args.ranks, log_dir=base / "torchrun-logs")
     t0 = time.monotonic()
     proc = subprocess.run(cmd, env=env, cwd=base, capture_output=True, text=True)
-    dt = time.monotonic() - t0
-    print(f"dir={base} rc={proc.returncode} wall={dt:.1f}s", file=sys.stderr)
-    for env_obj in parse_json_stdout(proc.stdout):
-        print(json.dumps(env_obj, indent=2))
+    wall = time.monotonic() - t0
+    print(f"dir={base} rc={proc.returncode} wall={wall:.1f}s", file=sys.stderr)
+    envelope = result_envelope(proc.stdout)
+    if envelope is not None:
+        print(json.dumps(envelope, indent=2))
     if args.ranks > 1:
-        for rank_out in sorted((base / "torchrun-logs").rglob("stdout.log")):
-            print(f"--- {rank_out}: {parse_json_stdout(rank_out.read_text())}", file=sys.stderr)
-    print("events:", [e["event"] for e in job.audit_events()], file=sys.stderr)
+        for rank, files in torchrun_rank_logs(base / "torchrun-logs").items():
+            env_obj = result_envelope(files["stdout"].read_text()) or {}
+            keys = ("success", "awaiting_approval", "run_id", "error")
+            summary = {k: env_obj.get(k) for k in keys}
+            print(f"rank {rank}: {summary}", file=sys.stderr)
+        for line in proc.stderr.splitlines():
+            if "exitcode" in line:
+                print("torchrun:", line.strip(), file=sys.stderr)
+    print("audit events:", [e["event"] for e in job.audit_events()], file=sys.stderr)
     return proc.returncode
 
 

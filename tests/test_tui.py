@@ -12,8 +12,8 @@ from textual.widgets import Static
 
 from forgelm_tui.engine import events as ev
 from forgelm_tui.tui.app import SupervisorApp, build_app
-from forgelm_tui.tui.scripted import STATES, FakeClock, ScriptedRun
 from forgelm_tui.tui.screens.confirm import ConfirmCancel
+from forgelm_tui.tui.scripted import STATES, FakeClock, ScriptedRun
 from forgelm_tui.tui.widgets.log_pane import LogPane
 from forgelm_tui.tui.widgets.rank_table import RankTable
 from forgelm_tui.tui.widgets.verdict_panel import VerdictPanel
@@ -22,8 +22,10 @@ pytestmark = pytest.mark.timeout(60)
 SIZE = (140, 42)
 
 
-def make(state: str, tmp_path: Path | None = None) -> tuple[SupervisorApp, ScriptedRun,
-                                                            Callable[[Pilot[Any]], Awaitable[None]]]:
+Prepare = Callable[[Pilot[Any]], Awaitable[None]]
+
+
+def make(state: str, tmp_path: Path | None = None) -> tuple[SupervisorApp, ScriptedRun, Prepare]:
     world, play = STATES[state]
     run = ScriptedRun(world)
     clock = FakeClock()
@@ -127,7 +129,8 @@ async def test_approval_verdict_then_q_exits_with_4(tmp_path: Path) -> None:
         text = panel_text(app)
         assert "exit 4 AWAITING_APPROVAL" in text
         assert "request review" in text
-        assert "staged at: ./checkpoints/final_model.staging.0" in text
+        assert "staged at: /jobs/tiny/out/final_model.staging.fg-5d1cf2f73980" in text
+        assert "forgelm approve fg-5d1cf2f73980 --output-dir /jobs/tiny/out" in text
         await pilot.press("q")
     assert app.return_code == 4 or app.return_value == 4
 
@@ -187,7 +190,8 @@ async def test_child_text_is_never_markup() -> None:
         app.refresh_table()
         app.flush_logs()
         await pilot.pause()
-        assert str(app.query_one(RankTable).get_cell("0", "last")) == "[bold]not bold[/] [rank0] [/]"
+        shown = str(app.query_one(RankTable).get_cell("0", "last"))
+        assert shown == "[bold]not bold[/] [rank0] [/]"
         assert app.query_one(LogPane).lines[-1] == "[rank 0] [bold]not bold[/] [rank0] [/]"
 
 

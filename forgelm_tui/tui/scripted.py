@@ -185,9 +185,9 @@ def state_approval(run: ScriptedRun, clock: FakeClock,
     start_ranks(run, clock)
     results = {}
     for rank in range(run.world_size):
-        result = {"success": True, "awaiting_approval": True,
-                  "run_id": f"fg-20261130-1200{rank:02d}",
-                  "staging_path": f"./checkpoints/final_model.staging.{rank}"}
+        run_id = f"fg-5d1cf2f7398{rank}"
+        result = {"success": True, "awaiting_approval": True, "run_id": run_id,
+                  "staging_path": f"/jobs/tiny/out/final_model.staging.{run_id}"}
         results[rank] = result
         run.emit(ev.RankOutput(rank, "stdout", ('{', '  "success": true,',
                                                 '  "awaiting_approval": true', '}')))

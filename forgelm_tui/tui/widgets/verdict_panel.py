@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import PurePath
 from typing import Any
 
 from rich.console import Group, RenderableType
@@ -12,21 +13,21 @@ CODE_STYLES = {0: "bold green", 3: "bold yellow", 4: "bold cyan", 5: "bold", 6: 
 
 
 def approval_hints(result: dict[str, Any] | None) -> list[str]:
-    """Staging path(s) and the approval command from ForgeLM's JSON result, as it gives them."""
-    if not result:
+    """Where ForgeLM staged the model and the command that promotes it after review.
+
+    ForgeLM 0.11.1 stages to ``<output_dir>/final_model.staging.<run_id>`` and promotes with
+    ``forgelm approve <run_id> --output-dir <output_dir>``.
+    """
+    if not result or not result.get("awaiting_approval"):
         return []
+    staging = result.get("staging_path") or result.get("final_model_path")
+    run_id = result.get("run_id")
     hints = []
-    for key in ("staging_path", "staging_dir", "staged_model_path"):
-        if result.get(key):
-            hints.append(f"staged at: {result[key]}")
-    for key in ("approval_command", "approve_command", "next_step", "next_steps"):
-        value = result.get(key)
-        if isinstance(value, str) and value:
-            hints.append(f"to approve: {value}")
-        elif isinstance(value, list):
-            hints.extend(f"to approve: {item}" for item in value if isinstance(item, str))
-    if result.get("run_id") and not any(h.startswith("to approve") for h in hints):
-        hints.append(f"to approve: forgelm approve {result['run_id']} --output-dir <output_dir>")
+    if staging:
+        hints.append(f"staged at: {staging}")
+    if run_id and staging:
+        output_dir = PurePath(str(staging)).parent
+        hints.append(f"to approve: forgelm approve {run_id} --output-dir {output_dir}")
     return hints
 
 
