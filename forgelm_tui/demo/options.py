@@ -22,6 +22,9 @@ def add_demo_options(parser: argparse.ArgumentParser) -> None:
     for name, (default, text) in _INT_OPTIONS.items():
         group.add_argument(f"--{name.replace('_', '-')}", dest=f"demo_{name}", type=int,
                            default=default, metavar="N", help=text)
+    group.add_argument("--fail-raise", dest="demo_fail_raise", action="store_true",
+                       help="--fail-rank raises an exception instead (exit 1, traceback in "
+                            "the envelope through the rank's error file)")
     group.add_argument("--step-time", dest="demo_step_time", type=float, default=0.2,
                        metavar="S", help="extra seconds per step, so there is time to watch")
 
@@ -33,4 +36,6 @@ def demo_argv(ns: argparse.Namespace) -> list[str]:
         value = getattr(ns, f"demo_{name}")
         if value is not None:
             argv += [f"--{name.replace('_', '-')}", str(value)]
+    if ns.demo_fail_raise:
+        argv.append("--fail-raise")
     return argv

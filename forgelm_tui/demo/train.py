@@ -28,11 +28,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
                           ("ignore-sigterm-rank", None), ("exit-code", 0)):
         parser.add_argument(f"--{name}", type=int, default=default)
     parser.add_argument("--step-time", type=float, default=0.2)
+    parser.add_argument("--fail-raise", action="store_true")
     return parser.parse_args(argv)
 
 
 def say(rank: int, text: str) -> None:
-    print(f"{text}", flush=True)
+    del rank  # every rank prints; forgelm-tui prefixes the rank
+    print(text, flush=True)
 
 
 def ignore_sigterm(rank: int) -> None:
@@ -63,6 +65,8 @@ def main() -> int:
     if rank == 0:
         say(rank, f"demo: {world} ranks, gloo on CPU, {opts.steps} steps")
     for step in range(1, opts.steps + 1):
+        if opts.fail_rank == rank and step == opts.fail_step and opts.fail_raise:
+            raise RuntimeError(f"rank {rank}: simulated crash at step {step}")
         if opts.fail_rank == rank and step == opts.fail_step:
             say(rank, f"rank {rank}: failing on purpose at step {step} with exit {opts.fail_code}")
             print(f"rank {rank}: simulated failure", file=sys.stderr, flush=True)

@@ -1,0 +1,45 @@
+"""The built-in demo, headless: a real DDP (gloo) run that can misbehave on request."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import run_cli
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def test_demo_trains_and_exits_with_the_chosen_code(tmp_path: Path) -> None:
+    run = run_cli(["demo", "--steps", "3", "--step-time", "0", "--exit-code", "4"], tmp_path,
+                  timeout=80)
+    out, _ = run.output()
+    assert run.proc.returncode == 4
+    assert "[rank 0] step 3/3 loss" in out and "[rank 1] step 3/3 loss" in out
+    assert run.envelope()["mode"] == "demo"
+
+
+def test_demo_failure_names_root_cause_with_its_traceback(tmp_path: Path) -> None:
+    run = run_cli(["demo", "--steps", "50", "--step-time", "0.05", "--fail-rank", "1",
+                   "--fail-step", "3", "--fail-code", "2", "--grace", "5"], tmp_path, timeout=80)
+    out, _ = run.output()
+    assert run.proc.returncode == 2
+    envelope = run.envelope()
+    assert envelope["root_cause_rank"] == 1
+    rank1 = envelope["ranks"][1]
+    assert rank1["exit_code"] == 2
+    assert envelope["ranks"][0]["signalled_by_supervisor"] is True
+    assert "stopping: rank 1 failed (exit 2)" in out
+    assert "[forgelm-tui] exit 2 EXIT_TRAINING_ERROR (root cause: rank 1" in out
+
+
+def test_demo_crash_leaves_its_traceback_in_the_envelope(tmp_path: Path) -> None:
+    run = run_cli(["demo", "--steps", "50", "--step-time", "0.05", "--fail-rank", "1",
+                   "--fail-step", "3", "--fail-raise", "--grace", "5"], tmp_path, timeout=80)
+    assert run.proc.returncode == 1
+    envelope = run.envelope()
+    assert envelope["root_cause_rank"] == 1
+    error = envelope["ranks"][1]["error"]
+    assert error is not None
+    assert "simulated crash at step 3" in error["message"]
+    assert "RuntimeError" in error["traceback"] or "raise RuntimeError" in error["traceback"]

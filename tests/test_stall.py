@@ -1,0 +1,36 @@
+"""Stall detection: a run where no rank makes progress is stopped; one quiet rank is not."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from conftest import rank_script, run_cli
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_silent_idle_ranks_are_a_stall(tmp_path: Path, marks: Path) -> None:
+    begin = time.monotonic()
+    run = run_cli(["--nproc-per-node", "2", "--stall-timeout", "2", "--grace", "2",
+                   "--exit-contract", "raw", rank_script("sleeper.py"), str(marks)], tmp_path)
+    assert run.proc.returncode == 2
+    assert time.monotonic() - begin < 15
+    envelope = run.envelope()
+    assert envelope["stop"]["kind"] == "stall"
+    assert envelope["stop"]["reason"] == "stalled: no rank made progress for 2 s"
+    assert [r["stalled"] for r in envelope["ranks"]] == [True, True]
+    out, _ = run.output()
+    assert "stalled: no progress from rank(s) 0,1 for 2 s" in out
+
+
+def test_one_quiet_rank_is_only_marked(tmp_path: Path) -> None:
+    run = run_cli(["--nproc-per-node", "2", "--stall-timeout", "2",
+                   rank_script("quiet_one.py"), "4"], tmp_path)
+    assert run.proc.returncode == 0
+    envelope = run.envelope()
+    assert envelope["stop"] is None
+    assert [r["stalled"] for r in envelope["ranks"]] == [False, False]
+    out, _ = run.output()
+    assert "rank 1 is quiet" in out
