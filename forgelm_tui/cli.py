@@ -93,6 +93,12 @@ def _add_launch_options(parser: argparse.ArgumentParser) -> None:
                           "a signal")
     own.add_argument("--forward-signals", default="SIGUSR1,SIGUSR2", metavar="LIST",
                      help="signals passed to every rank without stopping (or 'none')")
+    graceful = own.add_mutually_exclusive_group()
+    graceful.add_argument("--graceful", dest="graceful", action="store_true", default=None,
+                          help="run Python ranks so that SIGTERM raises an exception in the "
+                               "main thread (cleanup runs); default on in ForgeLM mode")
+    graceful.add_argument("--no-graceful", dest="graceful", action="store_false",
+                          help="leave SIGTERM as the program handles it")
     own.add_argument("--version", action="version", version=f"forgelm-tui {__version__}")
 
 

@@ -46,6 +46,7 @@ class RunInfo:
     grace: float | None = None
     drain: float | None = None
     stall_timeout: float | None = None
+    graceful: bool = False
     error: str | None = None  # pre-launch error, one line
     job_config: str | None = None
     last_exit_path: str | None = None
@@ -141,6 +142,16 @@ def rank_dict(
         "stderr_bytes": record.stderr_bytes,
         "peak_rss_bytes": record.peak_rss_bytes,
         "stalled": record.stalled,
+        "progress": {
+            "step": record.step,
+            "total": record.total,
+            "metrics": record.metrics,
+            "source": record.progress_source,
+        }
+        if record.progress_source
+        else None,
+        "stopped_at_step": record.stopped_step,
+        "reported_signal": record.reported_signal,
         "stopped_from_outside": record.stopped_from_outside,
         "stderr_tail": list(record.stderr_tail)[-ERROR_TAIL_LINES:] if failed else None,
         "error": _error_file(record.error_file) if failed else None,
@@ -204,6 +215,7 @@ def build(
             "grace_s": info.grace,
             "drain_s": info.drain,
             "stall_timeout_s": info.stall_timeout,
+            "graceful": info.graceful,
         },
         "run_dir": info.run_dir,
         "job_config": info.job_config,

@@ -62,6 +62,10 @@ class Planner:
         default_nproc = 2 if target.mode == "demo" else 1
         nproc = parse_count(ns.nproc_per_node, "--nproc-per-node", default_nproc)
         argv = self._rank_argv(ns, target)
+        graceful = ns.graceful if ns.graceful is not None else self.info.mode == "forgelm"
+        if graceful:
+            argv = self._graceful(argv)
+        self.info.graceful = graceful
         port = check_port(ns.master_addr, ns.master_port)
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -150,6 +154,12 @@ class Planner:
             raise UsageError(f"{head}: permission denied")
         self.info.mode = "script"
         return [*python, head, *rest]
+
+    def _graceful(self, argv: list[str]) -> list[str]:
+        """``python -u X`` -> ``python -u -m forgelm_tui.rank.graceful X``."""
+        if self.info.mode == "program":
+            raise UsageError("--graceful works for Python ranks only, not with --no-python")
+        return [*argv[:2], "-m", "forgelm_tui.rank.graceful", *argv[2:]]
 
     def _forgelm_argv(self, forgelm_args: list[str]) -> list[str]:
         self.info.mode = "forgelm"

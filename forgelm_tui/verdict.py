@@ -67,6 +67,7 @@ class RankOutcome:
     ended_at: float  # monotonic seconds; orders failures
     signalled_first: bool  # the supervisor signalled it (stop or kill) before it ended
     stopped_from_outside: bool = False  # it reported that it stopped on an outside signal
+    outside_at: float = float("inf")  # when it reported that (orders "who got it first")
 
     @property
     def failed_on_own(self) -> bool:
@@ -166,7 +167,8 @@ def decide(
         )
     rank0 = min(outcomes, key=lambda o: o.rank)
     outside = sorted(
-        (o for o in outcomes if o.stopped_from_outside), key=lambda o: (o.ended_at, o.rank)
+        (o for o in outcomes if o.stopped_from_outside),
+        key=lambda o: (o.outside_at, o.ended_at, o.rank),
     )
     if stop is not None and stop.kind is StopKind.STALL and rank0.signalled_first:
         return _make(EXIT_TRAINING_ERROR, 4, "stalled: no rank made progress", rank0.rank)

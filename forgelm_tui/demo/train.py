@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 import time
-from types import FrameType
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel
+
+from forgelm_tui.rank import StopAgreement, report_progress
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -37,17 +38,17 @@ def say(rank: int, text: str) -> None:
     print(text, flush=True)
 
 
-def ignore_sigterm(rank: int) -> None:
-    def handler(signum: int, frame: FrameType | None) -> None:
-        say(rank, f"rank {rank}: got SIGTERM and ignores it (the supervisor will SIGKILL)")
-
-    signal.signal(signal.SIGTERM, handler)
-
-
 def stuck_forever(rank: int, why: str) -> None:
     say(rank, f"rank {rank}: {why}; now stuck")
     while True:
         time.sleep(3600)
+
+
+def save_checkpoint(model: nn.Module, step: int) -> Path:
+    run_dir = Path(os.environ.get("FORGELM_TUI_RUN_DIR", "."))
+    path = run_dir / "demo-checkpoint.pt"
+    torch.save({"step": step, "model": model.state_dict()}, path)
+    return path
 
 
 @record
@@ -55,8 +56,7 @@ def main() -> int:
     opts = parse(sys.argv[1:])
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if opts.ignore_sigterm_rank == rank:
-        ignore_sigterm(rank)
+    stubborn = opts.ignore_sigterm_rank == rank
     dist.init_process_group("gloo")
     torch.manual_seed(1234 + rank)
     model = DistributedDataParallel(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1)))
@@ -64,29 +64,35 @@ def main() -> int:
     target = nn.Linear(16, 1)
     if rank == 0:
         say(rank, f"demo: {world} ranks, gloo on CPU, {opts.steps} steps")
-    for step in range(1, opts.steps + 1):
-        if opts.fail_rank == rank and step == opts.fail_step and opts.fail_raise:
-            raise RuntimeError(f"rank {rank}: simulated crash at step {step}")
-        if opts.fail_rank == rank and step == opts.fail_step:
-            say(rank, f"rank {rank}: failing on purpose at step {step} with exit {opts.fail_code}")
-            print(f"rank {rank}: simulated failure", file=sys.stderr, flush=True)
-            raise SystemExit(opts.fail_code)
-        if opts.hang_rank == rank and step == opts.hang_step:
-            stuck_forever(rank, f"stops taking part at step {step}")
-        x = torch.randn(64, 16)
-        with torch.no_grad():
-            y = target(x)
-        loss = nn.functional.mse_loss(model(x), y)
-        optimizer.zero_grad()
-        try:
-            loss.backward()  # type: ignore[no-untyped-call]  # DDP all-reduces the gradients here: every rank must be present
-        except RuntimeError as exc:
-            if opts.ignore_sigterm_rank == rank:
-                stuck_forever(rank, f"lost its peers ({str(exc).splitlines()[0]})")
-            raise
-        optimizer.step()
-        say(rank, f"step {step}/{opts.steps} loss {loss.item():.4f}")
-        time.sleep(opts.step_time)
+    with StopAgreement() as stop:
+        for step in range(1, opts.steps + 1):
+            if opts.fail_rank == rank and step == opts.fail_step:
+                if opts.fail_raise:
+                    raise RuntimeError(f"rank {rank}: simulated crash at step {step}")
+                say(rank, f"rank {rank}: failing on purpose at step {step} with exit "
+                          f"{opts.fail_code}")
+                print(f"rank {rank}: simulated failure", file=sys.stderr, flush=True)
+                return int(opts.fail_code)
+            if opts.hang_rank == rank and step == opts.hang_step:
+                stuck_forever(rank, f"stops taking part at step {step}")
+            x = torch.randn(64, 16)
+            with torch.no_grad():
+                y = target(x)
+            loss = nn.functional.mse_loss(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()  # type: ignore[no-untyped-call]  # DDP all-reduces gradients here
+            optimizer.step()
+            say(rank, f"step {step}/{opts.steps} loss {loss.item():.4f}")
+            report_progress(step, opts.steps, {"loss": round(loss.item(), 4)})
+            if stop.should_stop(step):  # every rank agrees here, at the same step
+                if stubborn:
+                    stuck_forever(rank, f"ignores the stop at step {step}")
+                if rank == 0:
+                    say(rank, f"saved {save_checkpoint(model.module, step)}")
+                say(rank, f"rank {rank}: stopping together at step {step} ({stop.reason})")
+                dist.destroy_process_group()
+                return 2  # as ForgeLM reports an interrupted run
+            time.sleep(opts.step_time)
     dist.barrier()
     dist.destroy_process_group()
     if rank == 0:

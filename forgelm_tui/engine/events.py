@@ -96,6 +96,26 @@ class SignalForwarded:
 
 
 @dataclass(frozen=True)
+class RankProgressed:
+    """A rank said (or its output showed) how far it is."""
+
+    rank: int
+    step: int | None
+    total: int | None
+    metrics: dict[str, float]
+
+
+@dataclass(frozen=True)
+class RankReportedStop:
+    """A rank said it received a stop signal, or that it stopped at an agreed step."""
+
+    rank: int
+    signal: str | None
+    outside: bool  # the supervisor had not signalled it: the signal came from elsewhere
+    step: int | None
+
+
+@dataclass(frozen=True)
 class RunFinished:
     at: float
 
@@ -111,5 +131,7 @@ Event = (
     | StopCountdown
     | RunStalled
     | SignalForwarded
+    | RankProgressed
+    | RankReportedStop
     | RunFinished
 )

@@ -72,6 +72,13 @@ class RankRecord:
     stopped_from_outside: bool = False
     stdout_bytes: int = 0
     stderr_bytes: int = 0
+    step: int | None = None
+    total: int | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    progress_source: str | None = None  # "channel" or "output"
+    reported_signal: str | None = None  # a stop signal the rank said it received
+    reported_at: float | None = None  # monotonic
+    stopped_step: int | None = None  # the step at which it stopped on an agreement
 
     @property
     def alive(self) -> bool:
@@ -100,6 +107,7 @@ class RankRecord:
             ended_at=self.ended_mono if self.ended_mono is not None else float("inf"),
             signalled_first=self.signalled_first,
             stopped_from_outside=self.stopped_from_outside,
+            outside_at=self.reported_at if self.reported_at is not None else float("inf"),
         )
 
 

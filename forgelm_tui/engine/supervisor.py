@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import IO
 
 from forgelm_tui.engine import events as ev
+from forgelm_tui.engine.channel import ChannelServer, Message
 from forgelm_tui.engine.guardian import Guardian
+from forgelm_tui.engine.progress_lines import LIGHTNING_SIGTERM, parse_loss, parse_step
 from forgelm_tui.engine.records import (
     CancelRequest,
     Purpose,
@@ -30,6 +32,7 @@ from forgelm_tui.engine.spec import LaunchSpec, rank_env
 from forgelm_tui.verdict import StopKind
 
 Listener = Callable[[ev.Event], None]
+CHANNEL_ENV = "FORGELM_TUI_CHANNEL"  # read by forgelm_tui.rank.channel
 STOP_SIGNALS: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 PIPE_EOF_WAIT = 2.0  # after the last rank ends, how long a stray holder may keep its pipes
 READ_CHUNK = 1 << 16
@@ -78,6 +81,7 @@ class Supervisor:
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._ticks = 0
         self._finishing = False
+        self._channel: ChannelServer | None = None
 
     # ----------------------------------------------------------------- subscription
 
@@ -98,6 +102,7 @@ class Supervisor:
         self.started_at = time.time()
         if handle_signals:
             self._install_signal_handlers()
+        self._open_channel(loop)
         try:
             self._emit(
                 ev.RunStarted(
@@ -118,6 +123,8 @@ class Supervisor:
             for timer in self._timers.values():
                 timer.cancel()
             self._close_all_fds()
+            if self._channel is not None:
+                self._channel.close()
             self.ended_at = time.time()
         self._emit(ev.RunFinished(self.ended_at))
 
@@ -133,6 +140,8 @@ class Supervisor:
     def _spawn(self, record: RankRecord) -> None:
         assert self._loop is not None
         env = rank_env(self.spec, record.local_rank, self._base_env)
+        if self._channel is not None:
+            env[CHANNEL_ENV] = self._channel.name
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
         out_log = os.open(record.stdout_log, flags, 0o644)
         err_log = os.open(record.stderr_log, flags, 0o644)
@@ -215,6 +224,78 @@ class Supervisor:
         if stream == "stderr":
             record.stderr_tail.extend(lines)
         self._emit(ev.RankOutput(record.rank, stream, tuple(lines)))
+        self._read_progress(record, lines)
+
+    def _read_progress(self, record: RankRecord, lines: list[str]) -> None:
+        """Progress and stop notices from the output of ranks that do not use the channel."""
+        for line in lines:
+            if LIGHTNING_SIGTERM in line:
+                self._reported_stop(record, "SIGTERM", None)
+        if record.progress_source == "channel":
+            return
+        step = loss = None
+        for line in reversed(lines):
+            if step is None and "/" in line and "[" in line:
+                step = parse_step(line)
+            if loss is None and "loss" in line:
+                loss = parse_loss(line)
+            if step is not None and loss is not None:
+                break
+        if step is None and loss is None:
+            return
+        record.progress_source = "output"
+        if step is not None:
+            record.step, record.total = step
+        if loss is not None:
+            record.metrics = {"loss": loss}
+        self._emit(ev.RankProgressed(record.rank, record.step, record.total, dict(record.metrics)))
+
+    # ----------------------------------------------------------------- channel
+
+    def _open_channel(self, loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            self._channel = ChannelServer(self.spec.run_id)
+        except OSError:
+            self._channel = None  # progress is optional; the run goes on without it
+            return
+        self._channel.start(loop, self._on_message)
+
+    def _on_message(self, message: Message) -> None:
+        record = self.records.get(message["rank"])
+        if record is None or record.pid is None:
+            return
+        kind = message.get("kind")
+        record.last_progress_mono = time.monotonic()  # any message is a heartbeat
+        if kind == "progress":
+            record.progress_source = "channel"
+            step, total = message.get("step"), message.get("total")
+            record.step = step if isinstance(step, int) else record.step
+            record.total = total if isinstance(total, int) else record.total
+            metrics = message.get("metrics")
+            if isinstance(metrics, dict):
+                record.metrics = {str(k): v for k, v in metrics.items()
+                                  if isinstance(v, int | float)}
+            self._emit(ev.RankProgressed(record.rank, record.step, record.total,
+                                         dict(record.metrics)))
+        elif kind == "stop_requested":
+            self._reported_stop(record, str(message.get("signal") or "SIGTERM"), None)
+        elif kind == "stopped":
+            step = message.get("step")
+            record.stopped_step = step if isinstance(step, int) else None
+            if isinstance(step, int):
+                record.step = step
+            self._emit(ev.RankReportedStop(record.rank, record.reported_signal,
+                                           record.stopped_from_outside, record.stopped_step))
+
+    def _reported_stop(self, record: RankRecord, signal_name: str, step: int | None) -> None:
+        """A rank received a stop signal; from outside unless the supervisor had sent one."""
+        if record.reported_signal is not None:
+            return
+        record.reported_signal = signal_name
+        record.reported_at = time.monotonic()
+        record.stopped_from_outside = not record.signalled_first
+        self._emit(ev.RankReportedStop(record.rank, signal_name, record.stopped_from_outside,
+                                       step))
 
     def _close_stream(self, fd: int) -> None:
         assert self._loop is not None

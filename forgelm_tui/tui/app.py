@@ -17,6 +17,7 @@ from rich.text import Text
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Vertical
+from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
@@ -158,13 +159,21 @@ class SupervisorApp(App[int]):
 
     def refresh_table(self) -> None:
         label = self.outcome.verdict.label if self.outcome else None
-        self.query_one(RunHeader).render_for(self.model, label)
-        self.query_one(RankTable).refresh_from(self.model)
+        try:
+            header, table = self.query_one(RunHeader), self.query_one(RankTable)
+        except NoMatches:  # a timer tick while the app is being torn down
+            return
+        header.render_for(self.model, label)
+        table.refresh_from(self.model)
 
     def flush_logs(self) -> None:
+        try:
+            pane = self.query_one(LogPane)
+        except NoMatches:  # a timer tick while the app is being torn down
+            return
         lines, skipped = self.model.logs.take_pending()
         if lines or skipped:
-            self.query_one(LogPane).append(lines, skipped)
+            pane.append(lines, skipped)
 
     def _update_log_title(self, extra: str = "") -> None:
         pane = self.query_one(LogPane)

@@ -1,0 +1,32 @@
+"""Progress read from the ranks' own output, for programs that do not use the channel.
+
+HF Trainer's tqdm bar on stderr (`` 40%|████      | 2/5 [00:01<00:01, 1.9it/s]``) gives step and
+total; its log dicts (``{'loss': '3.9', ...}`` or ``{'loss': 3.9, ...}``) give the loss.
+Lightning's ``Received SIGTERM`` line says a rank stopped on a signal.
+"""
+
+from __future__ import annotations
+
+import re
+
+_BAR = re.compile(r"\|\s*(\d+)/(\d+)\s*\[")
+_LOSS = re.compile(r"""['"]loss['"]\s*:\s*['"]?([-+0-9.eE]+|nan|inf)""")
+LIGHTNING_SIGTERM = "Received SIGTERM"
+
+
+def parse_step(line: str) -> tuple[int, int] | None:
+    match = _BAR.search(line)
+    if match is None:
+        return None
+    step, total = int(match.group(1)), int(match.group(2))
+    return (step, total) if total > 0 and step <= total else None
+
+
+def parse_loss(line: str) -> float | None:
+    match = _LOSS.search(line)
+    if match is None:
+        return None
+    try:
+        return float(match.group(1))
+    except ValueError:
+        return None

@@ -1,0 +1,74 @@
+"""The rank side of the progress channel: small JSON datagrams to the supervisor.
+
+No torch here. The supervisor names the channel in ``FORGELM_TUI_CHANNEL`` (an abstract Unix
+datagram socket, ``@name``); outside forgelm-tui the variable is unset and every call is a
+no-op. Sends never block and never raise: a full or absent supervisor only loses the message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from typing import Any
+
+CHANNEL_ENV = "FORGELM_TUI_CHANNEL"
+
+
+def socket_address(name: str) -> str | bytes:
+    """``@name`` is an abstract socket (no file, no path length limit); else a path."""
+    return b"\0" + name[1:].encode() if name.startswith("@") else name
+
+
+class Channel:
+    def __init__(self, address: str | None = None) -> None:
+        name = address if address is not None else os.environ.get(CHANNEL_ENV)
+        self._address = socket_address(name) if name else None
+        self._sock: socket.socket | None = None
+        self.rank = int(os.environ.get("RANK", "0"))
+
+    @property
+    def enabled(self) -> bool:
+        return self._address is not None
+
+    def send(self, kind: str, **fields: Any) -> None:
+        if self._address is None:
+            return
+        message = {"rank": self.rank, "kind": kind, "t": time.time(), **fields}
+        data = json.dumps(message, default=str).encode()[:8192]
+        try:
+            if self._sock is None:
+                self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+                self._sock.setblocking(False)
+            self._sock.sendto(data, self._address)
+        except OSError:
+            pass  # no supervisor listening, or its queue is full: progress is best effort
+
+    def progress(self, step: int, total: int | None = None,
+                 metrics: dict[str, float] | None = None) -> None:
+        self.send("progress", step=step, total=total, metrics=metrics or {})
+
+    def heartbeat(self) -> None:
+        self.send("heartbeat")
+
+
+_default: Channel | None = None
+
+
+def default_channel() -> Channel:
+    global _default
+    if _default is None:
+        _default = Channel()
+    return _default
+
+
+def report_progress(step: int, total: int | None = None,
+                    metrics: dict[str, float] | None = None) -> None:
+    """Tell the supervisor how far this rank is (shown live, kept in the envelope)."""
+    default_channel().progress(step, total, metrics)
+
+
+def heartbeat() -> None:
+    """Tell the supervisor this rank is alive though silent (it is then never 'stalled')."""
+    default_channel().heartbeat()
