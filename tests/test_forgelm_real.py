@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +12,7 @@ from pathlib import Path
 import pytest
 from forgelm_job import job_env, make_job
 
+STEP = re.compile(r"\|\s*[1-9]\d+/\d+ \[")  # HF's tqdm bar past step 10
 pytestmark = [pytest.mark.forgelm, pytest.mark.timeout(240)]
 
 
@@ -44,3 +47,44 @@ def test_two_rank_forgelm_awaiting_approval(tmp_path: Path, tiny_model: Path) ->
     last_exit = job.output_dir / "last_exit.json"
     assert json.loads(last_exit.read_text()) == envelope
     assert json.loads((run_dir / "envelope.json").read_text()) == envelope
+
+
+def test_cancelled_forgelm_leaves_pipeline_failed_per_rank(tmp_path: Path,
+                                                          tiny_model: Path) -> None:
+    from conftest import wait_for
+    from forgelm_job import read_audit_log
+
+    job = make_job(tmp_path / "job", long=True, model_dir=tiny_model)
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "forgelm_tui", "--no-tui", "--nproc-per-node", "2",
+         "--run-dir", str(run_dir), "--grace", "20", "--config", str(job.config)],
+        cwd=job.dir, env=job_env(job.dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        def training() -> bool:
+            events = read_audit_log(job.output_dir) if job.audit_log.exists() else []
+            started = [e for e in events if e["event"] == "training.started"]
+            logs = [run_dir / f"rank-{r}.stderr.log" for r in range(2)]
+            stepping = all(p.exists() and STEP.search(p.read_text()) for p in logs)
+            return len(started) == 2 and stepping
+
+        wait_for(training, 150, "both ranks to be training", step=0.2)
+        proc.send_signal(signal.SIGTERM)  # as a scheduler cancels a job
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 2
+    envelope = json.loads((run_dir / "envelope.json").read_text())
+    assert envelope["cancelled"]["by"] == "SIGTERM to the supervisor"
+    assert envelope["settings"]["graceful"] is True
+    events = read_audit_log(job.output_dir)
+    run_ids = {e["run_id"] for e in events if e["event"] == "training.started"}
+    failed = {e["run_id"] for e in events if e["event"] == "pipeline.failed"}
+    assert len(run_ids) == 2
+    assert run_ids <= failed, (run_ids, failed)
+    for rank in envelope["ranks"]:
+        assert rank["exit_code"] == 2, rank  # ForgeLM's own exit after a caught stop
+        assert rank["forgelm_result"] is not None and rank["forgelm_result"]["success"] is False

@@ -34,3 +34,20 @@ def test_one_quiet_rank_is_only_marked(tmp_path: Path) -> None:
     assert [r["stalled"] for r in envelope["ranks"]] == [False, False]
     out, _ = run.output()
     assert "rank 1 is quiet" in out
+
+
+@pytest.mark.timeout(90)
+def test_collective_deadlock_ends_within_stall_plus_grace(tmp_path: Path) -> None:
+    from conftest import start, wait_for
+
+    run = start(["demo", "--steps", "200", "--step-time", "0.05", "--hang-rank", "1",
+                 "--hang-step", "3", "--stall-timeout", "5", "--grace", "2"], tmp_path)
+    log = run.run_dir / "rank-1.stdout.log"
+    wait_for(lambda: log.exists() and "stops taking part" in log.read_text(), 60, "the hang")
+    hung = time.monotonic()
+    assert run.wait(30) == 2
+    assert time.monotonic() - hung < 12
+    envelope = run.envelope()
+    assert envelope["stop"]["kind"] == "stall"
+    assert [r["stalled"] for r in envelope["ranks"]] == [True, True]
+    assert envelope["decided_by"]["explanation"] == "stalled: no rank made progress"

@@ -1,0 +1,68 @@
+"""Stop together: one rank signalled, every rank stops at the same step; the patterns the helper
+replaces are shown to fail under the same injection."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from conftest import rank_script, start, wait_for
+
+pytestmark = pytest.mark.timeout(90)
+STEPS = "400"
+
+
+def _stopped_steps(run_dir: Path, ranks: int) -> list[int | None]:
+    steps: list[int | None] = []
+    for rank in range(ranks):
+        text = (run_dir / f"rank-{rank}.stdout.log").read_text()
+        found = [int(line.split()[-1]) for line in text.splitlines()
+                 if line.startswith("STOPPED at step")]
+        steps.append(found[-1] if found else None)
+    return steps
+
+
+@pytest.mark.parametrize(("world", "signal_rank"), [(2, 0), (2, -1), (3, -1)])
+def test_helper_stops_every_rank_at_the_same_step(tmp_path: Path, world: int,
+                                                  signal_rank: int) -> None:
+    run = start(["--nproc-per-node", str(world), "--grace", "5", rank_script("stop_loop.py"),
+                 "helper", str(signal_rank), "5", STEPS], tmp_path)
+    assert run.wait(60) == 2  # interrupted: a rank was signalled from outside the supervisor
+    envelope = run.envelope()
+    signalled = signal_rank % world
+    steps = _stopped_steps(run.run_dir, world)
+    assert steps[0] is not None and len(set(steps)) == 1, steps
+    assert steps[0] >= 5
+    for rank in envelope["ranks"]:
+        assert rank["exit_code"] == 0, rank
+        assert rank["signalled_by_supervisor"] is False
+        assert rank["stopped_at_step"] == steps[0]
+    assert envelope["decided_by"]["rule"] == 4
+    assert envelope["decided_by"]["rank"] == signalled
+    assert envelope["ranks"][signalled]["stopped_from_outside"] is True
+    assert envelope["ranks"][signalled]["reported_signal"] == "SIGTERM"
+
+
+@pytest.mark.parametrize("pattern", ["local-flag", "handler-collective"])
+def test_replaced_patterns_fail_under_the_same_injection(tmp_path: Path, pattern: str) -> None:
+    run = start(["--nproc-per-node", "2", "--grace", "2", rank_script("stop_loop.py"),
+                 pattern, "0", "5", STEPS], tmp_path)
+    log1 = run.run_dir / "rank-1.stdout.log"
+    wait_for(lambda: log1.exists() and "step 4" in log1.read_text(), 45, "the step before")
+    deadline = time.monotonic() + 15
+    while run.proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    hung = run.proc.poll() is None
+    if hung:
+        run.signal(signal.SIGTERM)  # the supervisor stops what the pattern left hanging
+    run.wait(30)
+    envelope = run.envelope()
+    steps = _stopped_steps(run.run_dir, 2)
+    clean = all(r["exit_code"] == 0 for r in envelope["ranks"]) and len(set(steps)) == 1 \
+        and steps[0] is not None
+    assert not clean, f"{pattern} unexpectedly stopped together: {steps}"
+    rank1 = envelope["ranks"][1]
+    stderr1 = (run.run_dir / "rank-1.stderr.log").read_text()
+    assert hung or rank1["exit_code"] != 0 or "Connection" in stderr1 or rank1["signal"]
