@@ -223,6 +223,7 @@ def build(
         "ended_at": iso(info.ended_at),
         "duration_s": duration,
         "root_cause_rank": verdict.deciding_rank if verdict.rule == 2 else None,
+        "outside_signal": _outside_signal(ranks),
         "result": results.get(0),
         "ranks": [
             rank_dict(r, _failed(r), results.get(r.rank))
@@ -230,6 +231,16 @@ def build(
         ],
     }
     return envelope
+
+
+def _outside_signal(records: Sequence[RankRecord]) -> dict[str, Any] | None:
+    """The rank that first reported a stop signal the supervisor had not sent, if any."""
+    outside = [r for r in records if r.stopped_from_outside and r.reported_at is not None]
+    if not outside:
+        return None
+    first = min(outside, key=lambda r: (r.reported_at or 0.0, r.rank))
+    return {"rank": first.rank, "signal": first.reported_signal,
+            "ranks": sorted(r.rank for r in outside)}
 
 
 def _failed(record: RankRecord) -> bool:

@@ -183,10 +183,16 @@ def _duration(record: RankRecord) -> str:
     return f"{end - record.started_mono:.1f}s"
 
 
+def _step(record: RankRecord) -> str:
+    if record.step is None:
+        return "-"
+    return f"{record.step}/{record.total}" if record.total else str(record.step)
+
+
 def summary_text(
     records: Iterable[RankRecord], verdict: Verdict, envelope_path: str | None
 ) -> str:
-    header = ("rank", "pid", "state", "exit", "signal", "sent by supervisor", "time")
+    header = ("rank", "pid", "state", "exit", "signal", "sent by supervisor", "step", "time")
     rows = [header]
     for r in sorted(records, key=lambda r: r.rank):
         sent = next((s for s in r.signals_sent if s.purpose.value in ("stop", "kill")), None)
@@ -201,6 +207,7 @@ def summary_text(
                 f"{signal.Signals(last.signal).name}: {sent.reason}"
                 if sent and last
                 else "-",
+                _step(r),
                 _duration(r),
             )
         )

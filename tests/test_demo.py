@@ -43,3 +43,28 @@ def test_demo_crash_leaves_its_traceback_in_the_envelope(tmp_path: Path) -> None
     assert error is not None
     assert "simulated crash at step 3" in error["message"]
     assert "RuntimeError" in error["traceback"] or "raise RuntimeError" in error["traceback"]
+
+
+def test_cancelling_the_demo_stops_every_rank_at_the_same_step(tmp_path: Path) -> None:
+    import signal
+
+    from conftest import start, wait_for
+
+    run = start(["demo", "--nproc-per-node", "3", "--steps", "500", "--step-time", "0.05"],
+                tmp_path)
+    logs = [run.run_dir / f"rank-{r}.stdout.log" for r in range(3)]
+    wait_for(lambda: all(p.exists() and "step 3/500" in p.read_text() for p in logs), 60,
+             "every rank to train")
+    run.signal(signal.SIGINT)  # an operator's Ctrl+C
+    assert run.wait(30) == 2
+    envelope = run.envelope()
+    steps = [r["stopped_at_step"] for r in envelope["ranks"]]
+    assert steps[0] is not None and len(set(steps)) == 1, steps
+    for rank in envelope["ranks"]:
+        assert rank["exit_code"] == 2 and rank["signalled_by_supervisor"] is True
+        assert rank["progress"]["step"] == steps[0]
+        assert rank["progress"]["total"] == 500
+        assert rank["stopped_from_outside"] is False
+    assert (run.run_dir / "demo-checkpoint.pt").exists()
+    out, _ = run.output()
+    assert f"rank 0: stopping together at step {steps[0]} (SIGTERM)" in out

@@ -38,6 +38,20 @@ class RankRow:
     signal: int | None = None
     sent: list[tuple[int, str]] = field(default_factory=list)  # (signal, reason)
     quiet: bool = False
+    step: int | None = None
+    total: int | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def progress_text(self) -> str:
+        """``12/30 loss 0.3100``: step, total and the first metric."""
+        if self.step is None and not self.metrics:
+            return ""
+        parts = []
+        if self.step is not None:
+            parts.append(f"{self.step}/{self.total}" if self.total else str(self.step))
+        for name, value in list(self.metrics.items())[:1]:
+            parts.append(f"{name} {value:.4g}")
+        return " ".join(parts)
 
     def exit_text(self) -> str:
         if self.exit_code is None:
@@ -185,6 +199,12 @@ class RunModel:
             case ev.SignalForwarded(signal=sig, ranks=ranks):
                 name = signal.Signals(sig).name
                 self.notices.append(f"{name} forwarded to {len(ranks)} rank(s)")
+            case ev.RankProgressed(rank=rank, step=step, total=total, metrics=metrics):
+                row = self.ranks.setdefault(rank, RankRow(rank))
+                row.step, row.total, row.metrics = step, total, dict(metrics)
+            case ev.RankReportedStop(rank=rank, signal=sig, outside=outside):
+                if outside and sig:
+                    self.notices.append(f"rank {rank} received {sig} from outside forgelm-tui")
             case ev.RunFinished():
                 self.state = "finished"
                 self.ended_mono = now

@@ -89,6 +89,9 @@ def start_ranks(run: ScriptedRun, clock: FakeClock, quiet: int | None = None) ->
             if rank != quiet:
                 line = f"{{'loss': {2.5 - 0.1 * step - 0.01 * rank:.4f}, 'step': {step * 10}}}"
                 run.emit(ev.RankOutput(rank, "stdout", (line,)))
+    for rank in range(run.world_size):
+        if rank != quiet:
+            run.emit(ev.RankProgressed(rank, 30, 1200, {"loss": 2.2 - 0.01 * rank}))
     if quiet is not None:
         run.emit(ev.RankOutput(quiet, "stderr", ("waiting at barrier (rank idles while rank 0 "
                                                  "evaluates)",)))

@@ -17,6 +17,7 @@ COLUMNS = (
     ("children", "kids"),
     ("uptime", "uptime"),
     ("age", "out age"),
+    ("progress", "progress"),
     ("exit", "exit"),
     ("signal", "signal"),
     ("last", "last line"),
@@ -31,6 +32,13 @@ STATE_STYLES = {
     "failed": "bold red",
     "killed": "red",
 }
+
+
+LAST_LINE_CHARS = 48  # the log pane has the whole line; the table only a glimpse
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def human_bytes(value: int) -> str:
@@ -77,9 +85,10 @@ class RankTable(DataTable[Text]):
             "children": Text(str(row.children) if active else "-"),
             "uptime": Text(human_seconds(model.uptime(row))),
             "age": Text(human_seconds(model.output_age(row))),
+            "progress": Text(row.progress_text()),
             "exit": Text(row.exit_text(), style=style),
             "signal": Text(row.signal_text(), style="red" if row.signal else "magenta"),
-            "last": Text(row.last_line[:200], no_wrap=True),
+            "last": Text(_clip(row.last_line, LAST_LINE_CHARS), no_wrap=True),
         }
 
     def refresh_from(self, model: RunModel) -> None:

@@ -1,0 +1,165 @@
+"""Stop together inside a Lightning (``lightning.pytorch``) training loop.
+
+    from forgelm_tui.rank.lightning import StopTogetherCallback
+
+    stop = StopTogetherCallback(checkpoint_path="ckpt/stopped-{step}.ckpt")
+    trainer = Trainer(accelerator="cpu", devices=2, strategy="ddp", callbacks=[stop])
+    trainer.fit(model, data)
+
+Lightning 2.6 installs its own SIGTERM handler (its signal connector) when ``fit`` starts. That
+handler runs a ``broadcast`` *inside the handler*: when the signal reaches one rank only, that
+broadcast pairs with a peer's gradient all-reduce and both ranks block forever; and a rank
+stopped that way raises ``SIGTERMException`` (a ``SystemExit``) and exits 0.
+
+This callback takes the SIGTERM/SIGINT handlers over from Lightning as soon as training starts
+(``on_sanity_check_start`` / ``on_train_start``, the first hooks after Lightning registers its
+own); Lightning's handler is not called, so Lightning never sets ``received_sigterm`` and never
+raises on one rank alone. Our handler only records the signal. At the end of every training
+batch each rank calls :meth:`StopAgreement.should_stop` (one all-reduce of one integer, the same
+point on every rank); on agreement every rank saves a checkpoint (when a path is configured or
+a ``ModelCheckpoint`` is present) and sets ``trainer.should_stop``: ``fit`` returns on every rank
+after the same global step. Lightning's handlers are put back at ``on_train_end`` /
+``on_exception``, before Lightning restores the original ones in its own teardown.
+
+Remaining window: a signal that arrives between Lightning's registration and the first hook above
+(the "run-stage" barrier) still reaches Lightning's own handler.
+
+This is the only module of ``forgelm_tui`` that imports ``lightning``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from forgelm_tui.rank.channel import report_progress
+from forgelm_tui.rank.stop import StopAgreement
+
+__all__ = ["StopTogetherCallback"]
+
+
+class StopTogetherCallback(pl.Callback):
+    """Every rank stops at the same global step, after a checkpoint, once any rank is signalled.
+
+    ``checkpoint_path``: where to save at the agreed stop; ``{step}`` is replaced by the global
+    step. Without it, a ``stopped-step=<step>.ckpt`` goes into the first ``ModelCheckpoint``'s
+    directory when the trainer has one, and nothing is saved otherwise. ``every``: agree only on
+    every k-th batch. ``signals``: what asks for a stop (default SIGTERM, SIGINT). ``report``:
+    send per-step progress to forgelm-tui (default True; a no-op outside forgelm-tui).
+    """
+
+    def __init__(
+        self,
+        *,
+        checkpoint_path: str | os.PathLike[str] | None = None,
+        every: int = 1,
+        signals: Iterable[int] = (signal.SIGTERM, signal.SIGINT),
+        report: bool = True,
+    ) -> None:
+        self.checkpoint_path = os.fspath(checkpoint_path) if checkpoint_path is not None else None
+        self.every = every
+        self.signals = tuple(signals)
+        self.report = report
+        self.stop = StopAgreement(self.signals, every=every)
+        self.checkpoint: str | None = None  # what was saved at the agreed stop
+        self._installed = False
+        self._total: int | None = None
+
+    # ------------------------------------------------------------- what happened
+
+    @property
+    def stopped(self) -> bool:
+        """True once the ranks agreed to stop (the last ``fit`` did not run to the end)."""
+        return self.stop.stopped_at_step is not None
+
+    @property
+    def stopped_at_step(self) -> int | None:
+        return self.stop.stopped_at_step
+
+    # ------------------------------------------------------------- handlers
+
+    def _take_over_signals(self) -> None:
+        """Replace Lightning's handlers (registered just before) with our recording one."""
+        if not self._installed:
+            self.stop = StopAgreement(self.signals, every=self.every)  # fresh per fit
+            self.stop.install()
+            self._installed = True
+
+    def restore_signals(self) -> None:
+        """Put back the handlers we replaced (Lightning's, until its teardown). Idempotent."""
+        if self._installed:
+            self.stop.uninstall()
+            self._installed = False
+
+    # ------------------------------------------------------------- Lightning hooks
+
+    def on_sanity_check_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._take_over_signals()
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._take_over_signals()
+        self.checkpoint = None
+        self._total = _total_steps(trainer)
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           outputs: Any, batch: Any, batch_idx: int) -> None:
+        step = int(trainer.global_step)
+        if self.report:
+            loss = _loss(outputs)
+            report_progress(step, self._total, {"loss": loss} if loss is not None else None)
+        # Every rank runs the same number of batches: this is the same point on all ranks.
+        if self.stop.should_stop(step):
+            self.checkpoint = self._save(trainer, step)
+            trainer.should_stop = True
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.restore_signals()
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                     exception: BaseException) -> None:
+        self.restore_signals()
+
+    # ------------------------------------------------------------- checkpoint
+
+    def _save(self, trainer: pl.Trainer, step: int) -> str | None:
+        """Every rank calls this at the agreed step (Lightning writes on rank 0, then barriers)."""
+        path = self._checkpoint_file(trainer, step)
+        if path is not None:
+            trainer.save_checkpoint(path, weights_only=False)
+        return path
+
+    def _checkpoint_file(self, trainer: pl.Trainer, step: int) -> str | None:
+        if self.checkpoint_path is not None:
+            return self.checkpoint_path.replace("{step}", str(step))
+        for callback in trainer.checkpoint_callbacks:
+            if isinstance(callback, ModelCheckpoint) and callback.dirpath:
+                name = f"stopped-step={step}{callback.FILE_EXTENSION}"
+                return os.path.join(os.fspath(callback.dirpath), name)
+        return None
+
+
+def _total_steps(trainer: pl.Trainer) -> int | None:
+    if trainer.max_steps > 0:
+        return int(trainer.max_steps)
+    try:
+        estimated = trainer.estimated_stepping_batches
+    except Exception:  # no dataloader length (iterable datasets): the total is unknown
+        return None
+    return int(estimated) if math.isfinite(estimated) else None
+
+
+def _loss(outputs: Any) -> float | None:
+    """The loss ``training_step`` returned (a tensor, or a mapping with a ``loss`` tensor)."""
+    value: Any = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+    if not hasattr(value, "item"):
+        return None
+    try:
+        return float(value.item())
+    except (RuntimeError, ValueError):  # not a one-element tensor
+        return None
