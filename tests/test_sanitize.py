@@ -35,3 +35,12 @@ def test_splitter_holds_partial_lines_until_complete() -> None:
     assert splitter.feed(b"tail") == []
     assert splitter.flush() == ["tail"]
     assert splitter.flush() == []
+
+
+def test_progress_bar_redraws_keep_only_the_latest_state() -> None:
+    splitter = LineSplitter()
+    for step in range(1, 1000):
+        assert splitter.feed(f"\r{step}/999 [".encode()) == []
+    assert splitter.partial() == "999/999 ["
+    assert splitter.feed(b"\n") == ["999/999 ["]
+    assert splitter.partial() is None

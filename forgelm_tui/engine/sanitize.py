@@ -46,11 +46,20 @@ class LineSplitter:
         data = self._pending + chunk
         parts = data.split(b"\n")
         self._pending = parts.pop()
+        cut = self._pending.rfind(b"\r", 0, len(self._pending) - 1)
+        if cut >= 0:  # a progress bar redrawing itself: only its latest state matters
+            self._pending = self._pending[cut + 1 :]
         if len(self._pending) > self._max_pending:
             # A line without end (a progress bar that never prints \n): show what we have.
             parts.append(self._pending)
             self._pending = b""
         return [sanitize_line(p.decode("utf-8", "replace")) for p in parts]
+
+    def partial(self) -> str | None:
+        """The line being redrawn with ``\r`` (a progress bar), as it shows now."""
+        if not self._pending:
+            return None
+        return sanitize_line(self._pending.decode("utf-8", "replace"))
 
     def flush(self) -> list[str]:
         if not self._pending:

@@ -216,6 +216,10 @@ class Supervisor:
         record.last_output_mono = now
         record.last_progress_mono = now
         self._deliver(record, stream, splitter.feed(data))
+        if b"\r" in data:
+            partial = splitter.partial()
+            if partial:
+                self._read_progress(record, [partial])
 
     def _deliver(self, record: RankRecord, stream: ev.Stream, lines: list[str]) -> None:
         if not lines:

@@ -55,6 +55,10 @@ def main(argv: list[str]) -> None:
             runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
         else:
             script = argv[0]
+            if not os.path.exists(script):  # as CPython reports it, with its exit status
+                sys.stderr.write(f"{sys.executable}: can't open file {os.path.abspath(script)!r}"
+                                 ": [Errno 2] No such file or directory\n")
+                raise SystemExit(2)
             sys.argv = list(argv)
             sys.path[0] = os.path.dirname(os.path.abspath(script))
             runpy.run_path(script, run_name="__main__")

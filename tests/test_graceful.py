@@ -1,0 +1,82 @@
+"""The graceful runner: SIGTERM becomes an exception; nothing else about the program changes."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import RANKS, rank_script, start, wait_for
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _run(args: list[str], cwd: Path) -> tuple[int, dict[str, object]]:
+    proc = subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=30)
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def test_script_sees_what_plain_python_gives(tmp_path: Path) -> None:
+    script = rank_script("probe.py")
+    plain = _run([script, "3", "x"], tmp_path)
+    wrapped = _run(["-m", "forgelm_tui.rank.graceful", script, "3", "x"], tmp_path)
+    assert wrapped == plain
+    assert plain[0] == 3 and plain[1]["name"] == "__main__"
+
+
+def test_module_sees_what_python_m_gives(tmp_path: Path) -> None:
+    plain = _run(["-m", "pkg_probe", "4", "--flag"], RANKS)
+    wrapped = _run(["-m", "forgelm_tui.rank.graceful", "-m", "pkg_probe", "4", "--flag"], RANKS)
+    assert wrapped == plain
+    assert plain[0] == 4 and plain[1]["name"] == "__main__"
+
+
+def test_sigterm_runs_the_programs_cleanup(tmp_path: Path, marks: Path) -> None:
+    run = start(["--nproc-per-node", "2", "--graceful", rank_script("cleanup_on_term.py"),
+                 str(marks)], tmp_path)
+    ready_pids_or_files(marks)
+    run.signal(signal.SIGTERM)
+    assert run.wait(30) == 2
+    for rank in range(2):
+        assert (marks / f"caught-{rank}").read_text() == "GracefulStop: stopped by SIGTERM"
+        assert (marks / f"finally-{rank}").exists()
+    envelope = run.envelope()
+    assert envelope["settings"]["graceful"] is True
+    assert [r["exit_code"] for r in envelope["ranks"]] == [2, 2]
+    assert "forgelm_tui.rank.graceful" in envelope["rank_command"]
+
+
+def test_without_graceful_sigterm_kills_at_once(tmp_path: Path, marks: Path) -> None:
+    run = start(["--nproc-per-node", "1", rank_script("cleanup_on_term.py"), str(marks)],
+                tmp_path)
+    ready_pids_or_files(marks, 1)
+    run.signal(signal.SIGTERM)
+    assert run.wait(30) == 2
+    assert not (marks / "caught-0").exists() and not (marks / "finally-0").exists()
+    assert run.envelope()["ranks"][0]["signal"] == "SIGTERM"
+
+
+def test_uncaught_stop_dies_of_sigterm_as_without_the_runner(tmp_path: Path) -> None:
+    missing = subprocess.run([sys.executable, "-m", "forgelm_tui.rank.graceful", "nope.py"],
+                             cwd=tmp_path, capture_output=True, text=True, timeout=30)
+    plain = subprocess.run([sys.executable, "nope.py"], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=30)
+    assert (missing.returncode, missing.stderr) == (plain.returncode, plain.stderr)
+    script = tmp_path / "sleepy.py"
+    script.write_text("import time\nprint('up', flush=True)\ntime.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-m", "forgelm_tui.rank.graceful", str(script)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdout.readline() == b"up\n"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == -signal.SIGTERM
+    assert b"Traceback" not in err
+
+
+def ready_pids_or_files(marks: Path, ranks: int = 2) -> None:
+    wait_for(lambda: all((marks / f"ready-{r}").exists() for r in range(ranks)), 30,
+             "ranks to be ready")

@@ -1,0 +1,55 @@
+"""Progress reaches the supervisor: from the channel, or from HF Trainer's own output."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import rank_script, run_cli
+
+from forgelm_tui.engine.progress_lines import parse_loss, parse_step
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.mark.parametrize(
+    ("line", "step"),
+    [(" 40%|####      | 2/5 [00:01<00:01, 1.9it/s]", (2, 5)),
+     ("100%|██████████| 1200/1200 [00:41<00:00, 29.15it/s]", (1200, 1200)),
+     ("Epoch 1: 3/10 [00:01]", None),
+     ("no bar here", None)],
+)
+def test_parse_step(line: str, step: tuple[int, int] | None) -> None:
+    assert parse_step(line) == step
+
+
+@pytest.mark.parametrize(
+    ("line", "loss"),
+    [("{'loss': '3.9', 'grad_norm': '1.0'}", 3.9), ('{"loss": 0.25}', 0.25),
+     ("{'eval_loss': 1.5}", None), ("loss is fine", None)],
+)
+def test_parse_loss(line: str, loss: float | None) -> None:
+    assert parse_loss(line) == loss
+
+
+def test_progress_from_hf_style_output(tmp_path: Path) -> None:
+    run = run_cli([rank_script("progress_bar.py")], tmp_path)
+    assert run.proc.returncode == 0
+    progress = run.envelope()["ranks"][0]["progress"]
+    assert progress == {"step": 20, "total": 20, "metrics": {"loss": 1.0}, "source": "output"}
+
+
+def test_progress_from_the_channel(tmp_path: Path) -> None:
+    run = run_cli(["demo", "--steps", "4", "--step-time", "0"], tmp_path, timeout=60)
+    assert run.proc.returncode == 0
+    for rank in run.envelope()["ranks"]:
+        assert rank["progress"]["source"] == "channel"
+        assert (rank["progress"]["step"], rank["progress"]["total"]) == (4, 4)
+        assert "loss" in rank["progress"]["metrics"]
+
+
+def test_heartbeats_keep_a_silent_run_from_stalling(tmp_path: Path) -> None:
+    run = run_cli(["--nproc-per-node", "2", "--stall-timeout", "2",
+                   rank_script("heartbeat_only.py"), "5"], tmp_path)
+    assert run.proc.returncode == 0
+    assert run.envelope()["stop"] is None
