@@ -66,3 +66,17 @@ def test_replaced_patterns_fail_under_the_same_injection(tmp_path: Path, pattern
     rank1 = envelope["ranks"][1]
     stderr1 = (run.run_dir / "rank-1.stderr.log").read_text()
     assert hung or rank1["exit_code"] != 0 or "Connection" in stderr1 or rank1["signal"]
+
+
+def test_documented_example_stops_together(tmp_path: Path) -> None:
+    example = str(Path(__file__).resolve().parent.parent / "examples" / "stop_together.py")
+    run = start(["--nproc-per-node", "2", example], tmp_path)
+    logs = [run.run_dir / f"rank-{r}.stdout.log" for r in range(2)]
+    wait_for(lambda: all(p.exists() and "training for" in p.read_text() for p in logs), 60,
+             "the example to train")
+    run.signal(signal.SIGINT)
+    assert run.wait(30) == 2
+    envelope = run.envelope()
+    steps = [r["stopped_at_step"] for r in envelope["ranks"]]
+    assert steps[0] is not None and steps[0] == steps[1]
+    assert (run.run_dir / "ckpt.pt").exists()
