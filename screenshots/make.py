@@ -8,28 +8,16 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from forgelm_tui.tui.app import build_app
-from forgelm_tui.tui.scripted import STATES, FakeClock, ScriptedRun
+from forgelm_tui.tui.scripted import STATES, scripted_app
 
 HERE = Path(__file__).resolve().parent
-SIZE = (140, 42)
+SIZE = (170, 42)
 
 
 async def shoot(name: str) -> Path:
-    world, play = STATES[name]
-    run = ScriptedRun(world)
-    clock = FakeClock()
-    app = build_app(run, clock=clock)
+    app, _, prepare = scripted_app(name)
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.pause()
-        if name in ("failed", "approval"):
-            run.finish(play(run, clock, None))
-        else:
-            play(run, clock)
-        await pilot.pause()
-        app.refresh_table()
-        app.flush_logs()
-        await pilot.pause()
+        await prepare(pilot)
         return Path(app.save_screenshot(filename=f"{name}.svg", path=str(HERE)))
 
 

@@ -11,42 +11,26 @@ from textual.pilot import Pilot
 from textual.widgets import Static
 
 from forgelm_tui.engine import events as ev
-from forgelm_tui.tui.app import SupervisorApp, build_app
+from forgelm_tui.tui.app import SupervisorApp
 from forgelm_tui.tui.screens.confirm import ConfirmCancel
-from forgelm_tui.tui.scripted import STATES, FakeClock, ScriptedRun
+from forgelm_tui.tui.scripted import FakeClock, ScriptedRun, scripted_app
 from forgelm_tui.tui.widgets.log_pane import LogPane
 from forgelm_tui.tui.widgets.rank_table import RankTable
 from forgelm_tui.tui.widgets.verdict_panel import VerdictPanel
 
 pytestmark = pytest.mark.timeout(60)
-SIZE = (140, 42)
+SIZE = (170, 42)
 
 
 Prepare = Callable[[Pilot[Any]], Awaitable[None]]
 
 
 def make(state: str, tmp_path: Path | None = None) -> tuple[SupervisorApp, ScriptedRun, Prepare]:
-    world, play = STATES[state]
-    run = ScriptedRun(world)
-    clock = FakeClock()
     save = None
     if tmp_path is not None:
         save = tmp_path / "downloads"
         save.mkdir(exist_ok=True)
-    app = build_app(run, clock=clock, save_directory=save)
-
-    async def prepare(pilot: Pilot[Any]) -> None:
-        await pilot.pause()
-        if state in ("failed", "approval"):
-            outcome = play(run, clock, tmp_path)
-            run.finish(outcome)
-        else:
-            play(run, clock)
-        await pilot.pause()
-        app.refresh_table()
-        app.flush_logs()
-        await pilot.pause()
-
+    app, run, prepare = scripted_app(state, envelope_dir=tmp_path, save_directory=save)
     return app, run, prepare
 
 

@@ -208,3 +208,30 @@ STATES: dict[str, tuple[int, Callable[..., Any]]] = {
     "failed": (4, state_failed),
     "approval": (2, state_approval),
 }
+
+
+def scripted_app(name: str, *, envelope_dir: Path | None = None,
+                 save_directory: Path | None = None) -> tuple[Any, ScriptedRun, Any]:
+    """An app on a scripted run, and an async ``prepare(pilot)`` that plays state ``name``.
+
+    The snapshot tests, the Pilot tests and screenshots/make.py all start from here.
+    """
+    from forgelm_tui.tui.app import build_app
+
+    world, play = STATES[name]
+    run = ScriptedRun(world)
+    clock = FakeClock()
+    app = build_app(run, clock=clock, save_directory=save_directory)
+
+    async def prepare(pilot: Any) -> None:
+        await pilot.pause()
+        if name in ("failed", "approval"):
+            run.finish(play(run, clock, envelope_dir))
+        else:
+            play(run, clock)
+        await pilot.pause()
+        app.refresh_table()
+        app.flush_logs()
+        await pilot.pause()
+
+    return app, run, prepare

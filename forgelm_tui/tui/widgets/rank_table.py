@@ -34,7 +34,7 @@ STATE_STYLES = {
 }
 
 
-LAST_LINE_CHARS = 48  # the log pane has the whole line; the table only a glimpse
+LAST_LINE_CHARS = 40  # the log pane has the whole line; the table only a glimpse
 
 
 def _clip(text: str, width: int) -> str:
