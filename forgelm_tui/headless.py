@@ -143,6 +143,10 @@ class HeadlessView:
                     self._quiet.discard(rank)
             case ev.RunStalled(seconds=seconds, ranks=ranks):
                 self.note(f"stalled: no progress from rank(s) {_ranks(ranks)} for {seconds:g} s")
+            case ev.RankReportedStop(rank=rank, signal=sig, outside=True, step=step):
+                where = f" (stopped at step {step})" if step is not None else ""
+                self.note(f"rank {rank} reported {sig} from outside forgelm-tui{where}: "
+                          "the run is not complete, whatever the ranks exit with")
             case ev.SignalForwarded(signal=sig, ranks=ranks):
                 self.note(f"{signal.Signals(sig).name} forwarded to rank(s) {_ranks(ranks)}")
             case _:

@@ -26,12 +26,12 @@ from typing import Any
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from forgelm_tui.rank.channel import report_progress
-from forgelm_tui.rank.stop import StopAgreement
+from forgelm_tui.rank.stop import AgreementHolder
 
 __all__ = ["StopTogetherCallback", "latest_loss"]
 
 
-class StopTogetherCallback(TrainerCallback):
+class StopTogetherCallback(AgreementHolder, TrainerCallback):
     """Every rank stops at the same step, after a checkpoint, once any rank is signalled.
 
     ``every``: agree only every k-th optimizer step (one all-reduce of one integer each time;
@@ -52,40 +52,16 @@ class StopTogetherCallback(TrainerCallback):
         save: bool = True,
         report: bool = True,
     ) -> None:
-        self.every = every
-        self.signals = tuple(signals)
+        AgreementHolder.__init__(self, signals, every)
         self.save = save
         self.report = report
-        self.stop = StopAgreement(self.signals, every=every)
-        self._installed = False
-
-    # ------------------------------------------------------------- what happened
-
-    @property
-    def stopped(self) -> bool:
-        """True once the ranks agreed to stop (the last ``train()`` did not run to the end)."""
-        return self.stop.stopped_at_step is not None
-
-    @property
-    def stopped_at_step(self) -> int | None:
-        return self.stop.stopped_at_step
-
-    # ------------------------------------------------------------- handlers
-
-    def restore_signals(self) -> None:
-        """Put back the handlers that were there before ``on_train_begin``. Idempotent."""
-        if self._installed:
-            self.stop.uninstall()
-            self._installed = False
 
     # ------------------------------------------------------------- Trainer hooks
 
     def on_train_begin(self, args: TrainingArguments, state: TrainerState,
                        control: TrainerControl, **kwargs: Any) -> None:
         self.restore_signals()
-        self.stop = StopAgreement(self.signals, every=self.every)  # a fresh agreement per train()
-        self.stop.install()
-        self._installed = True
+        self.take_over_signals()  # a fresh agreement per train()
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState,
                     control: TrainerControl, **kwargs: Any) -> TrainerControl:

@@ -39,12 +39,12 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from forgelm_tui.rank.channel import report_progress
-from forgelm_tui.rank.stop import StopAgreement
+from forgelm_tui.rank.stop import AgreementHolder
 
 __all__ = ["StopTogetherCallback"]
 
 
-class StopTogetherCallback(pl.Callback):
+class StopTogetherCallback(AgreementHolder, pl.Callback):
     """Every rank stops at the same global step, after a checkpoint, once any rank is signalled.
 
     ``checkpoint_path``: where to save at the agreed stop; ``{step}`` is replaced by the global
@@ -63,47 +63,18 @@ class StopTogetherCallback(pl.Callback):
         report: bool = True,
     ) -> None:
         self.checkpoint_path = os.fspath(checkpoint_path) if checkpoint_path is not None else None
-        self.every = every
-        self.signals = tuple(signals)
+        AgreementHolder.__init__(self, signals, every)
         self.report = report
-        self.stop = StopAgreement(self.signals, every=every)
         self.checkpoint: str | None = None  # what was saved at the agreed stop
-        self._installed = False
         self._total: int | None = None
-
-    # ------------------------------------------------------------- what happened
-
-    @property
-    def stopped(self) -> bool:
-        """True once the ranks agreed to stop (the last ``fit`` did not run to the end)."""
-        return self.stop.stopped_at_step is not None
-
-    @property
-    def stopped_at_step(self) -> int | None:
-        return self.stop.stopped_at_step
-
-    # ------------------------------------------------------------- handlers
-
-    def _take_over_signals(self) -> None:
-        """Replace Lightning's handlers (registered just before) with our recording one."""
-        if not self._installed:
-            self.stop = StopAgreement(self.signals, every=self.every)  # fresh per fit
-            self.stop.install()
-            self._installed = True
-
-    def restore_signals(self) -> None:
-        """Put back the handlers we replaced (Lightning's, until its teardown). Idempotent."""
-        if self._installed:
-            self.stop.uninstall()
-            self._installed = False
 
     # ------------------------------------------------------------- Lightning hooks
 
     def on_sanity_check_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._take_over_signals()
+        self.take_over_signals()
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._take_over_signals()
+        self.take_over_signals()
         self.checkpoint = None
         self._total = _total_steps(trainer)
 

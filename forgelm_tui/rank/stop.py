@@ -119,3 +119,36 @@ def _agree(local: int, group: Any) -> bool:
     flag = torch.tensor([local], dtype=torch.int32, device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
     return bool(flag.item())
+
+
+class AgreementHolder:
+    """What the library adapters share: a fresh :class:`StopAgreement` per training run,
+    installed once when the run starts and restored when it ends."""
+
+    def __init__(self, signals: Iterable[int], every: int) -> None:
+        self.signals = tuple(signals)
+        self.every = every
+        self.stop = StopAgreement(self.signals, every=every)
+        self._installed = False
+
+    @property
+    def stopped(self) -> bool:
+        """True once the ranks agreed to stop (the last run did not go to the end)."""
+        return self.stop.stopped_at_step is not None
+
+    @property
+    def stopped_at_step(self) -> int | None:
+        return self.stop.stopped_at_step
+
+    def take_over_signals(self) -> None:
+        """Install a fresh agreement's handlers, unless this run already did."""
+        if not self._installed:
+            self.stop = StopAgreement(self.signals, every=self.every)
+            self.stop.install()
+            self._installed = True
+
+    def restore_signals(self) -> None:
+        """Put back the handlers that were there before. Idempotent."""
+        if self._installed:
+            self.stop.uninstall()
+            self._installed = False
