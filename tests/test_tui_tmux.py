@@ -126,3 +126,25 @@ def test_cancel_with_rank_ignoring_sigterm_counts_down_and_kills(term: Terminal,
 
     gap = (datetime.fromisoformat(kill_at[:-1]) - datetime.fromisoformat(term_at[:-1]))
     assert 2.7 < gap.total_seconds() < 4.0
+
+
+def _supervisor_pid(rank_pid: int) -> int:
+    stat = Path(f"/proc/{rank_pid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[1])  # state, ppid, ...
+
+
+def test_sigterm_to_the_supervisor_restores_the_terminal(term: Terminal, tmp_path: Path) -> None:
+    import signal
+
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    term.start(["--nproc-per-node", "2", rank_script("sleeper.py"), str(marks)])
+    wait_for(lambda: all((marks / f"ready-{r}").exists() for r in range(2)), 30, "ranks ready")
+    term.wait_screen(r"RUNNING")
+    rank_pid = int((marks / "ready-0").read_text().split()[0])
+    os.kill(_supervisor_pid(rank_pid), signal.SIGTERM)  # as a scheduler would
+    assert term.exit_code() == 2  # nobody at the keyboard: the app closes once ranks are down
+    screen = term.wait_screen(r"forgelm-tui: exit 2 EXIT_TRAINING_ERROR")
+    assert "RUNNING" not in screen and "FINISHED" not in screen  # the TUI screen is gone
+    envelope = term.envelope()
+    assert envelope["cancelled"]["by"] == "SIGTERM to the supervisor"  # type: ignore[index]
