@@ -157,12 +157,18 @@ class Session:
         return bool(cancels) and cancels[0].origin.endswith("to the supervisor")
 
     async def run(self) -> Outcome:
-        try:
-            await self.supervisor.run()
-        finally:
-            ignore_stop_signals()
+        await self.supervisor.run()
         self.outcome = self.report.final()
         return self.outcome
+
+
+async def _run_then_ignore_signals(session: Session) -> Outcome:
+    try:
+        await session.supervisor.run()
+    finally:
+        ignore_stop_signals()  # the ranks are gone: nothing may cut the envelope short now
+    session.outcome = session.report.final()
+    return session.outcome
 
 
 def execute(plan: Plan) -> int:
@@ -173,7 +179,7 @@ def execute(plan: Plan) -> int:
     view = HeadlessView(sink)
     session.subscribe(view)
     try:
-        outcome = asyncio.run(session.run())
+        outcome = asyncio.run(_run_then_ignore_signals(session))
     finally:
         guardian.close()
     for error in outcome.write_errors:

@@ -148,3 +148,29 @@ def test_sigterm_to_the_supervisor_restores_the_terminal(term: Terminal, tmp_pat
     assert "RUNNING" not in screen and "FINISHED" not in screen  # the TUI screen is gone
     envelope = term.envelope()
     assert envelope["cancelled"]["by"] == "SIGTERM to the supervisor"  # type: ignore[index]
+
+
+@pytest.mark.parametrize("when", ["running", "finished"])
+def test_closed_terminal_stops_the_run_and_the_app(term: Terminal, tmp_path: Path,
+                                                  when: str) -> None:
+    from conftest import pid_alive
+
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    sleep = "3600" if when == "running" else "1"
+    term.start(["--nproc-per-node", "2", "--grace", "3", rank_script("sleeper.py"), str(marks),
+                "--sleep", sleep])
+    wait_for(lambda: all((marks / f"ready-{r}").exists() for r in range(2)), 30, "ranks ready")
+    ranks = [int((marks / f"ready-{r}").read_text().split()[0]) for r in range(2)]
+    supervisor = _supervisor_pid(ranks[0])
+    term.wait_screen(r"RUNNING" if when == "running" else r"exit 0 SUCCESS")
+    term.close()  # the terminal goes away (ssh dropped, tmux killed)
+    wait_for(lambda: not any(pid_alive(p) for p in [*ranks, supervisor]), 20,
+             "the ranks and the supervisor to be gone")
+    envelope = term.envelope()
+    if when == "running":
+        assert envelope["exit_code"] == 2
+        assert envelope["cancelled"]["by"] in (  # type: ignore[index]
+            "SIGHUP to the supervisor", "terminal closed (hang-up)")
+    else:
+        assert envelope["exit_code"] == 0

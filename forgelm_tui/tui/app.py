@@ -7,6 +7,7 @@ The app decides nothing about processes: it renders what the session tells it an
 from __future__ import annotations
 
 import io
+import os
 import signal
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -106,6 +107,8 @@ class SupervisorApp(App[int]):
         clock: Callable[[], float] = time.monotonic,
         save_directory: Path | None = None,
         auto_start: bool = True,
+        terminal_fd: int | None = None,
+        before_hard_exit: Callable[[], None] | None = None,
     ) -> None:
         super().__init__()
         self.run_handle = run
@@ -115,6 +118,9 @@ class SupervisorApp(App[int]):
         self.auto_start = auto_start
         self.saved_to: str | None = None
         self._quit_after_run = False
+        self._terminal_lost = False
+        self.terminal_fd = terminal_fd
+        self.before_hard_exit = before_hard_exit
         run.subscribe(self.model.apply)
 
     # ------------------------------------------------------------------ layout
@@ -132,6 +138,8 @@ class SupervisorApp(App[int]):
         self.query_one(VerdictPanel).display = False
         self.set_interval(1 / TABLE_HZ, self.refresh_table)
         self.set_interval(1 / LOG_HZ, self.flush_logs)
+        if self.terminal_fd is not None:
+            self.set_interval(1.0, self._check_terminal)
         self.refresh_table()
         self._update_log_title()
         self.query_one(RankTable).focus()
@@ -141,9 +149,53 @@ class SupervisorApp(App[int]):
     async def _run(self) -> None:
         outcome = await self.run_handle.run()
         self.show_outcome(outcome)
+        if self._terminal_gone():
+            self._hard_exit(outcome.verdict.code)
         if self.run_handle.cancelled_from_outside() or self._quit_after_run:
             # A scheduler asked the run to stop: nobody is at the keyboard to read the verdict.
             self.exit(outcome.verdict.code)
+            return
+        self._exit_on_signals(outcome.verdict.code)
+
+    def _exit_on_signals(self, code: int) -> None:
+        """After the run, SIGTERM / SIGHUP / SIGINT close the app with the run's code."""
+        import asyncio
+
+        try:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.exit, code)
+            loop.add_signal_handler(signal.SIGHUP, self._hard_exit, code)
+        except (RuntimeError, ValueError, NotImplementedError):
+            pass  # not the main thread (tests): nothing to do
+
+    def _terminal_gone(self) -> bool:
+        if self.terminal_fd is None:
+            return False
+        try:
+            os.tcgetpgrp(self.terminal_fd)
+        except OSError:
+            return True
+        return False
+
+    def _hard_exit(self, code: int) -> None:
+        """The terminal is gone: nothing to restore, and Textual's own shutdown can block
+        writing to it. The envelope is already written; leave now."""
+        if self.before_hard_exit is not None:
+            self.before_hard_exit()
+        os._exit(code)
+
+    def _check_terminal(self) -> None:
+        """A closed terminal is a hang-up, even when no SIGHUP arrives (or it was ignored)."""
+        if self.terminal_fd is None or self._terminal_lost:
+            return
+        if self._terminal_gone():
+            self._terminal_lost = True
+            if self.outcome is not None:
+                self._hard_exit(self.outcome.verdict.code)
+            else:
+                self._quit_after_run = True
+                self.run_handle.request_cancel("terminal closed (hang-up)", signal.SIGHUP)
 
     def show_outcome(self, outcome: Outcome) -> None:
         self.outcome = outcome

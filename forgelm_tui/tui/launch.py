@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 
 from forgelm_tui.engine.guardian import Guardian
@@ -13,7 +14,7 @@ from forgelm_tui.tui.app import build_app
 def execute_tui(plan: Plan) -> int:
     guardian = Guardian()  # forked first, before Textual starts any thread
     session = Session(plan, guardian)
-    app = build_app(session)
+    app = build_app(session, terminal_fd=_terminal_fd(), before_hard_exit=guardian.close)
     try:
         code = app.run()
     finally:
@@ -29,6 +30,17 @@ def execute_tui(plan: Plan) -> int:
     where = f"; envelope: {outcome.envelope_path}" if outcome.envelope_path else ""
     _say(f"forgelm-tui: exit {verdict.code} {verdict.name} ({verdict.rule_text}){where}")
     return code if code is not None else verdict.code
+
+
+def _terminal_fd() -> int | None:
+    """The terminal the app draws on, watched so that a closed terminal stops the run."""
+    for stream in (sys.__stdin__, sys.__stdout__):
+        try:
+            if stream is not None and os.isatty(stream.fileno()):
+                return stream.fileno()
+        except (OSError, ValueError):
+            continue
+    return None
 
 
 def _say(line: str) -> None:
