@@ -1,5 +1,5 @@
 """``python -m forgelm_tui``."""
 
-from forgelm_tui.cli import main
+from forgelm_tui.cli import entry
 
-raise SystemExit(main())
+entry()

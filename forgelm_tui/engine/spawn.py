@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import os
 import signal
 import subprocess
@@ -15,14 +14,11 @@ _PR_SET_PDEATHSIG = 1
 
 
 def _load_prctl() -> Callable[..., int] | None:
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
+    # The running interpreter already links libc: no find_library (it runs ldconfig).
     try:
-        libc = ctypes.CDLL(name, use_errno=True)
-    except OSError:
+        prctl: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
         return None
-    prctl: Callable[..., int] = libc.prctl
     return prctl
 
 

@@ -9,7 +9,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import IO
 
@@ -25,7 +25,7 @@ from forgelm_tui.engine.records import (
     SignalSent,
     StopRecord,
 )
-from forgelm_tui.engine.sampler import IDLE_CPU_FRACTION, RankSampler
+from forgelm_tui.engine.sampler import IDLE_CPU_FRACTION, RankSampler, Sample
 from forgelm_tui.engine.sanitize import LineSplitter
 from forgelm_tui.engine.spawn import group_alive, signal_group, signal_process, spawn_rank
 from forgelm_tui.engine.spec import LaunchSpec, rank_env
@@ -82,6 +82,8 @@ class Supervisor:
         self._ticks = 0
         self._finishing = False
         self._channel: ChannelServer | None = None
+        self._held: list[ev.Event] | None = None
+        self._sampling = False
 
     # ----------------------------------------------------------------- subscription
 
@@ -89,8 +91,25 @@ class Supervisor:
         self._listeners.append(listener)
 
     def _emit(self, event: ev.Event) -> None:
+        if self._held is not None:
+            self._held.append(event)
+            return
         for listener in self._listeners:
             listener(event)
+
+    @contextlib.contextmanager
+    def _signals_first(self) -> Iterator[None]:
+        """Hold events while signals go out: no view work delays a peer's SIGTERM."""
+        if self._held is not None:
+            yield
+            return
+        self._held = []
+        try:
+            yield
+        finally:
+            held, self._held = self._held, None
+            for event in held:
+                self._emit(event)
 
     # ----------------------------------------------------------------- running
 
@@ -332,13 +351,20 @@ class Supervisor:
         if returncode is None:
             returncode = proc.wait()
         record.mark_exit(returncode)
-        self._emit(
-            ev.RankExited(
-                record.rank, record.exit_code, record.signal, record.signalled_first, time.time()
-            )
+        exited = ev.RankExited(
+            record.rank, record.exit_code, record.signal, record.signalled_first, time.time()
         )
-        self._apply_exit_policy(record)
+        with self._signals_first():
+            self._apply_exit_policy(record)  # may SIGTERM every peer: before any view work
+            self._held_first(exited)
         self._check_finished()
+
+    def _held_first(self, event: ev.Event) -> None:
+        """Put ``event`` before what the policy emitted (the exit is what caused it)."""
+        if self._held is not None:
+            self._held.insert(0, event)
+        else:
+            self._emit(event)
 
     def _apply_exit_policy(self, record: RankRecord) -> None:
         if self.stop is not None:
@@ -436,11 +462,12 @@ class Supervisor:
         self.stop = StopRecord(kind, reason, origin, sig, time.time(), deadline)
         self._cancel_timer("drain")
         live = self._live()
-        for record in live:  # one pass: every group gets SIGTERM before anything else happens
-            assert record.pid is not None
-            record.state = RankState.STOPPING
-            if signal_group(record.pid, signal.SIGTERM):
-                self._record_signal(record, signal.SIGTERM, reason, Purpose.STOP)
+        with self._signals_first():  # one pass: every group gets SIGTERM before anything else
+            for record in live:
+                assert record.pid is not None
+                record.state = RankState.STOPPING
+                if signal_group(record.pid, signal.SIGTERM):
+                    self._record_signal(record, signal.SIGTERM, reason, Purpose.STOP)
         self._emit(
             ev.RunStopping(
                 kind.value,
@@ -462,10 +489,11 @@ class Supervisor:
         self._cancel_timer("kill")
         if self.stop is not None and self.stop.killed_at is None and self._live():
             self.stop.killed_at = time.time()
-        for record in self._live():
-            assert record.pid is not None
-            if signal_group(record.pid, signal.SIGKILL):
-                self._record_signal(record, signal.SIGKILL, reason, Purpose.KILL)
+        with self._signals_first():
+            for record in self._live():
+                assert record.pid is not None
+                if signal_group(record.pid, signal.SIGKILL):
+                    self._record_signal(record, signal.SIGKILL, reason, Purpose.KILL)
 
     def _countdown(self) -> None:
         assert self._loop is not None and self.stop is not None
@@ -484,17 +512,32 @@ class Supervisor:
     # ----------------------------------------------------------------- sampling and stalls
 
     def _sample(self) -> None:
-        now = time.monotonic()
-        self._ticks += 1
-        interval = self.spec.sample_interval
-        for record in self._live():
-            self._sample_rank(record, now, interval)
-        self._check_stall(now)
-        self._schedule("sample", interval, self._sample)
+        """psutil reads run in a worker thread: a process-tree walk never delays a stop."""
+        assert self._loop is not None
+        self._schedule("sample", self.spec.sample_interval, self._sample)
+        if self._sampling:
+            return
+        self._sampling = True
+        samplers = [(r, self._samplers.get(r.rank)) for r in self._live()]
+        future = self._loop.run_in_executor(
+            None, lambda: [(r, s.sample() if s else None) for r, s in samplers]
+        )
+        future.add_done_callback(self._sampled)
 
-    def _sample_rank(self, record: RankRecord, now: float, interval: float) -> None:
-        sampler = self._samplers.get(record.rank)
-        sample = sampler.sample() if sampler else None
+    def _sampled(self, future: asyncio.Future[list[tuple[RankRecord, Sample | None]]]) -> None:
+        self._sampling = False
+        if future.cancelled() or future.exception() is not None or self._finishing:
+            return
+        now = time.monotonic()
+        interval = self.spec.sample_interval
+        for record, sample in future.result():
+            if record.alive:
+                self._sample_rank(record, sample, now, interval)
+        self._check_stall(now)
+
+    def _sample_rank(
+        self, record: RankRecord, sample: Sample | None, now: float, interval: float
+    ) -> None:
         if sample is not None:
             if sample.cpu_seconds - record.cpu_seconds > IDLE_CPU_FRACTION * interval:
                 record.last_progress_mono = now
