@@ -1,0 +1,1 @@
+"""Rank program: does nothing (launch + teardown floor)."""
