@@ -37,7 +37,8 @@ class Terminal:
                str(self.tmp / "run"), *args]
         script = f"cd {shlex.quote(str(self.tmp))}; {shlex.join(cli)}; " \
                  f"echo $? > {shlex.quote(str(self.exit_file))}; sleep 60"
-        env = [f"-e{k}={v}" for k, v in (("TERM", "xterm-256color"), ("CI", ""))]
+        env = [f"-e{k}={v}" for k, v in (("TERM", "xterm-256color"), ("CI", ""),
+                                          ("HOME", str(self.tmp)))]  # no ~/Downloads: saves to cwd
         self.tmux("new-session", "-d", "-x", "150", "-y", "45", *env, "sh", "-c", script)
 
     def screen(self) -> str:
@@ -84,6 +85,10 @@ def test_awaiting_approval_verdict_and_q(term: Terminal) -> None:
     assert re.search(r"^\s*0\s+0\s+\d+\s+running", screen, re.M)
     assert re.search(r"^\s*1\s+1\s+\d+\s+running", screen, re.M)
     term.wait_screen(r"exit 4 AWAITING_APPROVAL\s+model staged")
+    term.press("s")
+    term.wait_screen(r"Envelope saved to")
+    saved = wait_for(lambda: list(term.tmp.glob("forgelm-tui-envelope-*.json")), 10, "the file")
+    assert saved[0].read_bytes() == (term.tmp / "run" / "envelope.json").read_bytes()
     term.press("q")
     assert term.exit_code() == 4
     after = term.wait_screen(r"forgelm-tui: exit 4 EXIT_AWAITING_APPROVAL")
