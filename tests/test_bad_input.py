@@ -34,6 +34,11 @@ def _cases(tmp: Path, port: int) -> dict[str, tuple[list[str], str]]:
         "unknown option": (["--frobnicate", script], "unrecognized arguments: --frobnicate"),
         "missing script": (["nope.py"], "nope.py: no such script"),
         "missing config": (["--config", "missing.yaml"], "--config missing.yaml: no such file"),
+        "forgelm module form": (["-m", "forgelm.cli", "--config", "missing.yaml"],
+                                "--config missing.yaml: no such file"),
+        "forgelm bare form": (["forgelm", "--config=missing.yaml"],
+                              "--config missing.yaml: no such file"),
+        "forgelm without config": (["-m", "forgelm"], "ForgeLM mode needs --config job.yaml"),
         "invalid yaml": (["--config", "bad.yaml"], "invalid YAML at line"),
         "yaml not a mapping": (["--config", "list.yaml"], "expected a YAML mapping"),
         "config is a directory": (["--config", "adir.yaml"], "is a directory"),
@@ -51,7 +56,8 @@ def _cases(tmp: Path, port: int) -> dict[str, tuple[list[str], str]]:
 
 
 NAMES = [
-    "unknown option", "missing script", "missing config", "invalid yaml", "yaml not a mapping",
+    "unknown option", "missing script", "missing config", "forgelm module form",
+    "forgelm bare form", "forgelm without config", "invalid yaml", "yaml not a mapping",
     "config is a directory", "program not on path", "missing module", "nproc zero",
     "nproc negative", "nproc not a number", "port in use", "bad grace", "nothing to run",
     "multi node", "bad signal",
