@@ -20,6 +20,7 @@ from textual.binding import Binding
 from textual.containers import Vertical
 from textual.css.query import NoMatches
 from textual.screen import Screen
+from textual.widget import Widget
 from textual.widgets import DataTable, Footer, Static
 
 from forgelm_tui.engine import events as ev
@@ -32,7 +33,7 @@ from forgelm_tui.tui.widgets.log_pane import LogPane
 from forgelm_tui.tui.widgets.rank_table import RankTable, human_seconds
 from forgelm_tui.tui.widgets.verdict_panel import VerdictPanel
 
-TABLE_HZ = 2
+TABLE_HZ = 1  # the rank table and header: about once a second (a 64-row repaint costs)
 LOG_HZ = 10
 
 
@@ -56,7 +57,16 @@ class RunHandle(Protocol):
     def run(self) -> Awaitable[Outcome]: ...
 
 
-class RunHeader(Static):
+class RunHeader(Widget):
+    """Two fixed lines; repainted without a layout pass (a Static.update reflows the screen)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._text = Text()
+
+    def render(self) -> Text:
+        return self._text
+
     def render_for(self, model: RunModel, verdict_label: str | None) -> None:
         state = model.state.upper()
         style = {"RUNNING": "bold green", "STOPPING": "bold magenta",
@@ -77,7 +87,10 @@ class RunHeader(Static):
         if verdict_label:
             line1.append(f"  exit {verdict_label}", style="bold")
         line2 = Text(" ".join(model.command), style="dim", no_wrap=True, overflow="ellipsis")
-        self.update(Text("\n").join([line1, line2]))
+        text = Text("\n").join([line1, line2])
+        if text.plain != self._text.plain or text.spans != self._text.spans:
+            self._text = text
+            self.refresh()
 
 
 class SupervisorApp(App[int]):

@@ -41,6 +41,11 @@ def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def _text(cell: tuple[str, str]) -> Text:
+    plain, style = cell
+    return Text(plain, style=style, no_wrap=True)
+
+
 def human_bytes(value: int) -> str:
     size = float(value)
     for unit in ("B", "KiB", "MiB", "GiB"):
@@ -66,44 +71,56 @@ class RankTable(DataTable[Text]):
 
     def __init__(self, **kwargs: object) -> None:
         super().__init__(cursor_type="row", zebra_stripes=False, **kwargs)  # type: ignore[arg-type]
-        self._shown: dict[tuple[int, str], str] = {}
+        self._shown: dict[tuple[int, str], tuple[str, str]] = {}
+        self._widths: dict[str, int] = {}
 
     def on_mount(self) -> None:
         for key, label in COLUMNS:
             self.add_column(label, key=key)
 
-    def cells(self, model: RunModel, row: RankRow) -> dict[str, Text]:
+    def cells(self, model: RunModel, row: RankRow) -> dict[str, tuple[str, str]]:
+        """Each cell as (plain text, style): cheap to compare, made into Text only if changed."""
         style = STATE_STYLES.get(row.state, "")
         active = row.ended_mono is None and row.pid is not None
         return {
-            "rank": Text(str(row.rank), style="bold"),
-            "local": Text(str(row.local_rank)),
-            "pid": Text(str(row.pid or "-")),
-            "state": Text(row.state, style=style),
-            "cpu": Text(f"{row.cpu_percent:5.1f}" if active else "-"),
-            "rss": Text(human_bytes(row.rss_bytes) if active and row.rss_bytes else "-"),
-            "children": Text(str(row.children) if active else "-"),
-            "uptime": Text(human_seconds(model.uptime(row))),
-            "age": Text(human_seconds(model.output_age(row))),
-            "progress": Text(row.progress_text()),
-            "exit": Text(row.exit_text(), style=style),
-            "signal": Text(row.signal_text(), style="red" if row.signal else "magenta"),
-            "last": Text(_clip(row.last_line, LAST_LINE_CHARS), no_wrap=True),
+            "rank": (str(row.rank), "bold"),
+            "local": (str(row.local_rank), ""),
+            "pid": (str(row.pid or "-"), ""),
+            "state": (row.state, style),
+            "cpu": (f"{row.cpu_percent:5.1f}" if active else "-", ""),
+            "rss": (human_bytes(row.rss_bytes) if active and row.rss_bytes else "-", ""),
+            "children": (str(row.children) if active else "-", ""),
+            "uptime": (human_seconds(model.uptime(row)), ""),
+            "age": (human_seconds(model.output_age(row)), ""),
+            "progress": (row.progress_text(), ""),
+            "exit": (row.exit_text(), style),
+            "signal": (row.signal_text(), "red" if row.signal else "magenta"),
+            "last": (_clip(row.last_line, LAST_LINE_CHARS), ""),
         }
 
     def refresh_from(self, model: RunModel) -> None:
+        """Update only the cells whose text or style changed; widen a column only when needed.
+
+        Every update_cell invalidates the table's render cache, but the repaint happens once
+        per refresh whatever the number of changed cells.
+        """
         for rank in sorted(model.ranks):
             row = model.ranks[rank]
             cells = self.cells(model, row)
             if str(rank) not in self.rows:
-                self.add_row(*cells.values(), key=str(rank))
-                for key, text in cells.items():
-                    self._shown[(rank, key)] = text.markup
+                self.add_row(*(_text(c) for c in cells.values()), key=str(rank))
+                for key, cell in cells.items():
+                    self._shown[(rank, key)] = cell
+                    self._widths[key] = max(self._widths.get(key, 0), len(cell[0]))
                 continue
-            for key, text in cells.items():
-                if self._shown.get((rank, key)) != text.markup:
-                    self._shown[(rank, key)] = text.markup
-                    self.update_cell(str(rank), key, text, update_width=True)
+            for key, cell in cells.items():
+                if self._shown.get((rank, key)) == cell:
+                    continue
+                self._shown[(rank, key)] = cell
+                wider = len(cell[0]) > self._widths.get(key, 0)
+                if wider:
+                    self._widths[key] = len(cell[0])
+                self.update_cell(str(rank), key, _text(cell), update_width=wider)
 
     def selected_rank(self) -> int | None:
         if not self.row_count:
