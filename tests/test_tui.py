@@ -11,7 +11,7 @@ from textual.pilot import Pilot
 from textual.widgets import Static
 
 from forgelm_tui.engine import events as ev
-from forgelm_tui.tui.app import SupervisorApp
+from forgelm_tui.tui.app import RunHeader, SupervisorApp
 from forgelm_tui.tui.screens.confirm import ConfirmCancel
 from forgelm_tui.tui.scripted import FakeClock, ScriptedRun, scripted_app
 from forgelm_tui.tui.widgets.log_pane import LogPane
@@ -73,7 +73,7 @@ async def test_second_cancel_and_k_kill_now() -> None:
     app, run, prepare = make("cancelling")
     async with app.run_test(size=SIZE) as pilot:
         await prepare(pilot)
-        header = str(app.query_one("#header", Static).render())
+        header = str(app.query_one(RunHeader).render())
         assert "STOPPING" in header and "SIGKILL in 24 s" in header
         assert str(app.query_one(RankTable).get_cell("3", "state")) == "stopping"
         assert "operator cancel" in str(app.query_one(RankTable).get_cell("0", "signal"))
