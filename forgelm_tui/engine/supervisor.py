@@ -251,10 +251,10 @@ class Supervisor:
 
     def _read_progress(self, record: RankRecord, lines: list[str]) -> None:
         """Progress and stop notices from the output of ranks that do not use the channel."""
-        for line in lines:
-            if LIGHTNING_SIGTERM in line:
-                self._reported_stop(record, "SIGTERM", None)
-        if record.progress_source == "channel":
+        text = "\n".join(lines)  # one C-speed scan of the chunk before any per-line work
+        if LIGHTNING_SIGTERM in text:
+            self._reported_stop(record, "SIGTERM", None)
+        if record.progress_source == "channel" or not ("loss" in text or "/" in text):
             return
         step = loss = None
         for line in reversed(lines):

@@ -12,6 +12,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from forgelm_tui.engine import events as ev
 from forgelm_tui.verdict import describe
@@ -81,8 +82,7 @@ def _short_reason(reason: str) -> str:
     return text
 
 
-@dataclass(frozen=True)
-class LogLine:
+class LogLine(NamedTuple):  # a tuple: cheap to make by the hundred thousand
     rank: int
     stream: str
     text: str
@@ -104,15 +104,18 @@ class LogStore:
 
     def add(self, rank: int, stream: str, lines: Sequence[str]) -> None:
         mine = self.per_rank.setdefault(rank, deque(maxlen=LOG_KEEP_PER_RANK))
-        overflow = len(self._pending) + len(lines) - FLUSH_MAX_LINES
+        count = len(lines)
+        overflow = len(self._pending) + count - FLUSH_MAX_LINES
         if overflow > 0:
-            self._skipped += min(overflow, len(self._pending) + len(lines))
-        for text in lines:
-            line = LogLine(rank, stream, text)
-            self.merged.append(line)
-            mine.append(line)
-            self._pending.append(line)
-        self.total += len(lines)
+            self._skipped += min(overflow, len(self._pending) + count)
+        self.total += count
+        # Only the lines that any bounded store can still hold become objects: a flood of
+        # output costs the view a slice, not a line-by-line copy.
+        kept = lines[-LOG_KEEP_MERGED:]
+        made = [LogLine(rank, stream, text) for text in kept]
+        self.merged.extend(made)
+        mine.extend(made[-LOG_KEEP_PER_RANK:])
+        self._pending.extend(made[-FLUSH_MAX_LINES:])
 
     def take_pending(self) -> tuple[list[LogLine], int]:
         """New lines since the last call, and how many were skipped for being too many."""
