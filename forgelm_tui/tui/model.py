@@ -19,7 +19,7 @@ from forgelm_tui.verdict import describe
 
 LOG_KEEP_MERGED = 20_000  # lines of the merged view kept in memory
 LOG_KEEP_PER_RANK = 5_000  # lines of each rank kept for its own view
-FLUSH_MAX_LINES = 4_000  # at most this many new lines reach a log widget per flush
+FLUSH_MAX_LINES = 1_000  # at most this many new lines reach a log widget per flush (10 Hz)
 
 
 @dataclass
@@ -92,43 +92,77 @@ class LogLine(NamedTuple):  # a tuple: cheap to make by the hundred thousand
         return f"[rank {self.rank}]{marker}{self.text}"
 
 
+Chunk = tuple[int, str, tuple[str, ...]]  # (rank, stream, lines): one engine event
+
+
+class ChunkQueue:
+    """Lines kept as the chunks they arrived in, bounded by a line count.
+
+    Adding costs O(1) per chunk whatever its size: a flood of output never means per-line work
+    in the view; LogLine objects are made only for what is read back.
+    """
+
+    def __init__(self, max_lines: int) -> None:
+        self.max_lines = max_lines
+        self.chunks: deque[Chunk] = deque()
+        self.lines = 0
+        self.dropped = 0  # lines pushed out since the last clear
+
+    def add(self, chunk: Chunk) -> None:
+        self.chunks.append(chunk)
+        self.lines += len(chunk[2])
+        while self.lines - len(self.chunks[0][2]) >= self.max_lines:
+            self.lines -= len(self.chunks[0][2])
+            self.dropped += len(self.popleft_lines())
+
+    def popleft_lines(self) -> tuple[str, ...]:
+        return self.chunks.popleft()[2]
+
+    def tail(self) -> list[LogLine]:
+        """The last ``max_lines`` lines, oldest first."""
+        out: list[LogLine] = []
+        for rank, stream, lines in reversed(self.chunks):
+            need = self.max_lines - len(out)
+            if need <= 0:
+                break
+            out.extend(LogLine(rank, stream, text) for text in reversed(lines[-need:]))
+        out.reverse()
+        return out
+
+    def clear(self) -> None:
+        self.chunks.clear()
+        self.lines = 0
+        self.dropped = 0
+
+
 class LogStore:
     """Bounded log memory with separate pending queues for the merged and per-rank views."""
 
     def __init__(self) -> None:
-        self.merged: deque[LogLine] = deque(maxlen=LOG_KEEP_MERGED)
-        self.per_rank: dict[int, deque[LogLine]] = {}
-        self._pending: deque[LogLine] = deque(maxlen=FLUSH_MAX_LINES)
-        self._skipped = 0
+        self.merged = ChunkQueue(LOG_KEEP_MERGED)
+        self.per_rank: dict[int, ChunkQueue] = {}
+        self._pending = ChunkQueue(FLUSH_MAX_LINES)
         self.total = 0
 
     def add(self, rank: int, stream: str, lines: Sequence[str]) -> None:
-        mine = self.per_rank.setdefault(rank, deque(maxlen=LOG_KEEP_PER_RANK))
-        count = len(lines)
-        overflow = len(self._pending) + count - FLUSH_MAX_LINES
-        if overflow > 0:
-            self._skipped += min(overflow, len(self._pending) + count)
-        self.total += count
-        # Only the lines that any bounded store can still hold become objects: a flood of
-        # output costs the view a slice, not a line-by-line copy.
-        kept = lines[-LOG_KEEP_MERGED:]
-        made = [LogLine(rank, stream, text) for text in kept]
-        self.merged.extend(made)
-        mine.extend(made[-LOG_KEEP_PER_RANK:])
-        self._pending.extend(made[-FLUSH_MAX_LINES:])
+        chunk: Chunk = (rank, stream, tuple(lines))
+        self.total += len(chunk[2])
+        self.merged.add(chunk)
+        self.per_rank.setdefault(rank, ChunkQueue(LOG_KEEP_PER_RANK)).add(chunk)
+        self._pending.add(chunk)
 
     def take_pending(self) -> tuple[list[LogLine], int]:
-        """New lines since the last call, and how many were skipped for being too many."""
-        lines = list(self._pending)
-        skipped = self._skipped
+        """New lines since the last call (at most FLUSH_MAX_LINES), and how many were skipped."""
+        lines = self._pending.tail()
+        skipped = self._pending.dropped + self._pending.lines - len(lines)
         self._pending.clear()
-        self._skipped = 0
         return lines, skipped
 
     def history(self, rank: int | None) -> list[LogLine]:
         if rank is None:
-            return list(self.merged)
-        return list(self.per_rank.get(rank, ()))
+            return self.merged.tail()
+        queue = self.per_rank.get(rank)
+        return queue.tail() if queue else []
 
 
 class RunModel:
