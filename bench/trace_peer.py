@@ -53,10 +53,10 @@ def inner(trace_path: Path, args: list[str]) -> None:
         trace["on_exit"].append([time.time(), record.rank])
         on_exit(self, record, pidfd)
 
-    signal_group = supervisor.signal_group
+    signal_group = getattr(supervisor, "signal_group")  # noqa: B009 (patched below)
 
     def traced_signal_group(pgid: int, sig: int) -> bool:
-        sent = signal_group(pgid, sig)
+        sent = bool(signal_group(pgid, sig))
         trace["killpg"].append([time.time(), pgid, sig])
         return sent
 
@@ -69,10 +69,11 @@ def inner(trace_path: Path, args: list[str]) -> None:
         finally:
             trace["sample"].append([start, time.time()])
 
-    selectors.EpollSelector.select = traced_select  # type: ignore[method-assign]
-    supervisor.Supervisor._on_exit = traced_on_exit  # type: ignore[method-assign]
-    supervisor.signal_group = traced_signal_group
-    sampler.RankSampler.sample = traced_sample  # type: ignore[method-assign]
+    # Monkeypatching: setattr, as none of this is meant to type-check.
+    setattr(selectors.EpollSelector, "select", traced_select)  # noqa: B010
+    setattr(supervisor.Supervisor, "_on_exit", traced_on_exit)  # noqa: B010
+    setattr(supervisor, "signal_group", traced_signal_group)  # noqa: B010
+    setattr(sampler.RankSampler, "sample", traced_sample)  # noqa: B010
     from forgelm_tui import cli
 
     code = cli.main(args)
