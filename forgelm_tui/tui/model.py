@@ -185,7 +185,8 @@ class RunModel:
         self.stop_reason = ""
         self.stop_deadline: float | None = None  # on self.clock
         self.live_ranks: tuple[int, ...] = ()
-        self.ranks: dict[int, RankRow] = {r: RankRow(r) for r in range(world_size)}
+        # Before a rank starts its local rank is already known (one node): no misleading 0s.
+        self.ranks: dict[int, RankRow] = {r: RankRow(r, local_rank=r) for r in range(world_size)}
         self.logs = LogStore()
         self.notices: deque[str] = deque(maxlen=50)
         self.changed = True
