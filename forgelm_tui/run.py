@@ -49,7 +49,6 @@ class RunReport:
     def __init__(self, plan: Plan, supervisor: Supervisor) -> None:
         self.plan = plan
         self.supervisor = supervisor
-        self.provisional_errors: list[str] = []
 
     def on_event(self, event: ev.Event) -> None:
         if isinstance(event, ev.RunStopping):

@@ -10,7 +10,6 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from pathlib import Path
 from typing import IO
 
 from forgelm_tui.engine import events as ev
@@ -79,7 +78,6 @@ class Supervisor:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._done: asyncio.Future[None] | None = None
         self._timers: dict[str, asyncio.TimerHandle] = {}
-        self._ticks = 0
         self._finishing = False
         self._channel: ChannelServer | None = None
         self._held: list[ev.Event] | None = None
@@ -612,6 +610,3 @@ def _write_all(fd: int, data: bytes) -> None:
         written = os.write(fd, view)
         view = view[written:]
 
-
-def ensure_run_dir(path: Path) -> None:
-    path.mkdir(parents=True, exist_ok=True)
