@@ -44,3 +44,20 @@ def test_progress_bar_redraws_keep_only_the_latest_state() -> None:
     assert splitter.partial() == "999/999 ["
     assert splitter.feed(b"\n") == ["999/999 ["]
     assert splitter.partial() is None
+
+
+@pytest.mark.parametrize(
+    "chunk",
+    [
+        b"plain\nlines\n\nwith an empty one\n",
+        b"ok\n\x1b[31mred\x1b[0m\nok again\n",
+        b"bar 10%\rbar 100%\ndone\r\n",
+        b"caf\xc3\xa9 \xff broken utf-8\n",
+        b"x" * (MAX_LINE_CHARS + 5) + b"\nshort\n",
+        b"tab\there\n[bold]markup[/]\n",
+    ],
+)
+def test_a_chunk_gives_the_same_lines_as_line_by_line(chunk: bytes) -> None:
+    """The whole-chunk fast path may never show anything sanitize_line would not."""
+    expected = [sanitize_line(part.decode("utf-8", "replace")) for part in chunk.split(b"\n")[:-1]]
+    assert LineSplitter().feed(chunk) == expected

@@ -194,6 +194,56 @@ async def test_flood_is_bounded_per_flush() -> None:
         assert lines[-1] == "[rank 7] line 199-499"
 
 
+async def test_log_growth_never_reflows_the_screen(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Filling the history costs no layout pass (each one re-renders the whole screen), and
+    following keeps the newest line at the bottom, scrollbar included."""
+    from textual.screen import Screen
+
+    app, run, prepare = make("running")
+    async with app.run_test(size=SIZE) as pilot:
+        await prepare(pilot)
+        pane = app.query_one(LogPane)
+        layouts: list[object] = []
+        original = Screen._refresh_layout
+        monkeypatch.setattr(Screen, "_refresh_layout",
+                            lambda screen, *a, **k: layouts.append(a) or original(screen, *a, **k))
+        for flush in range(30):
+            run.emit(ev.RankOutput(flush % 8, "stdout", tuple(f"flush {flush} line {i}" for i in
+                                                              range(900))))
+            app.flush_logs()
+            await pilot.pause()
+        assert layouts == []
+        assert len(pane.lines) == pane.max_lines
+        assert pane.virtual_size.height == pane.max_lines
+        assert pane.vertical_scrollbar.window_virtual_size == pane.max_lines
+        assert pane.is_vertical_scroll_end
+        bottom = pane.render_line(pane.scrollable_content_region.height - 1).text
+        assert bottom.startswith("[rank 5] flush 29 line 899"), bottom
+
+
+async def test_a_paused_log_keeps_its_lines_in_view() -> None:
+    app, run, prepare = make("running")
+    async with app.run_test(size=SIZE) as pilot:
+        await prepare(pilot)
+        pane = app.query_one(LogPane)
+        for flush in range(25):
+            run.emit(ev.RankOutput(0, "stdout", tuple(f"a{flush}-{i}" for i in range(900))))
+            app.flush_logs()
+        await pilot.press("f")  # pause
+        pane.scroll_to(y=pane.max_scroll_y - 5000, animate=False, immediate=True)
+        await pilot.pause()
+        top = pane.render_line(0).text
+        for flush in range(3):  # 2700 more lines: 2700 of the oldest go
+            run.emit(ev.RankOutput(1, "stdout", tuple(f"b{flush}-{i}" for i in range(900))))
+            app.flush_logs()
+        await pilot.pause()
+        assert pane.render_line(0).text == top
+        assert pane.lines[-1] == "[rank 1] b2-899"
+        await pilot.press("f")  # follow again: back to the newest line
+        await pilot.pause()
+        assert pane.is_vertical_scroll_end
+
+
 async def test_outside_signal_exits_after_the_run(tmp_path: Path) -> None:
     app, run, prepare = make("running")
     run.outside = True

@@ -1,40 +1,72 @@
-"""The log pane: merged or one rank, follow mode, search; fed in batches, never per line."""
+"""The log pane: merged or one rank, follow mode, search; fed in batches, never per line.
+
+A Line API widget: it renders only the visible lines, and growing never costs a layout pass.
+Textual's ``Log`` sets ``virtual_size``, a layout reactive, on every write (and again from a
+width-measuring thread): each flush while the history fills reflowed the whole screen, rank
+table included, which was a third of the TUI's CPU in a log flood. Here the size is set without
+watchers and only the pane and its scrollbars repaint; the scrollbars are always shown
+(``overflow: scroll``), so whether they are shown never changes either.
+"""
 
 from __future__ import annotations
 
-from rich.highlighter import Highlighter
+from collections.abc import Iterable, Sequence
+
+from rich.cells import cell_len
+from rich.style import Style
 from rich.text import Text
-from textual.widgets import Log
+from textual.cache import LRUCache
+from textual.geometry import Size
+from textual.scroll_view import ScrollView
+from textual.selection import Selection
+from textual.strip import Strip
+from textual.widget import Widget
 
 from forgelm_tui.tui.model import LOG_KEEP_MERGED, LogLine, LogStore
 
 
-class StreamHighlighter(Highlighter):
-    """Colours the rank prefix; stderr lines (``[rank N]!``) in red. Never parses markup."""
+def stream_text(line: str) -> Text:
+    """The rank prefix coloured; stderr lines (``[rank N]!``) in red. Never parses markup."""
+    text = Text(line, no_wrap=True)
+    end = line.find("]")
+    if not line.startswith("[rank ") or end < 0:
+        return text
+    if line[end + 1 : end + 2] == "!":
+        text.stylize("bold red", 0, end + 2)
+        text.stylize("red", end + 2)
+    else:
+        text.stylize("cyan", 0, end + 1)
+    return text
 
-    def highlight(self, text: Text) -> None:
-        plain = text.plain
-        end = plain.find("]")
-        if not plain.startswith("[rank ") or end < 0:
-            return
-        if plain[end + 1 : end + 2] == "!":
-            text.stylize("bold red", 0, end + 2)
-            text.stylize("red", end + 2)
-        else:
-            text.stylize("cyan", 0, end + 1)
 
+class LogPane(ScrollView, can_focus=True):
+    """Every rank's lines (``rank=None``) or one rank's, the newest ``max_lines`` of them."""
 
-class LogPane(Log):
-    """A :class:`Log` showing either every rank (``rank=None``) or one rank."""
+    ALLOW_SELECT = True
+    DEFAULT_CSS = """
+    LogPane {
+        overflow: scroll;  /* never a layout pass for a scrollbar appearing: see the module */
+    }
+    """
 
-    def __init__(self, **kwargs: object) -> None:
-        super().__init__(max_lines=LOG_KEEP_MERGED, highlight=True, auto_scroll=True,
-                         **kwargs)  # type: ignore[arg-type]
-        self.highlighter = StreamHighlighter()
+    def __init__(self, max_lines: int = LOG_KEEP_MERGED, **kwargs: str | None) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.max_lines = max_lines
+        self.auto_scroll = True
         self.rank: int | None = None
         self.matches: list[int] = []
         self.match_index = -1
         self.query_text = ""
+        self._lines: list[str] = []
+        self._first = 0  # the line number of _lines[0] since the last clear: cache keys
+        self._width = 0
+        self._strips: LRUCache[int, Strip] = LRUCache(1024)
+
+    @property
+    def lines(self) -> Sequence[str]:
+        return self._lines
+
+    # ------------------------------------------------------------------ content
 
     def show(self, store: LogStore, rank: int | None) -> None:
         """Switch view and rebuild from the bounded history."""
@@ -44,11 +76,89 @@ class LogPane(Log):
 
     def append(self, lines: list[LogLine], skipped: int) -> None:
         if skipped and self.rank is None:
-            self.write_line(f"[forgelm-tui] … {skipped} lines not shown here (too fast); "
-                            "the rank log files have every line")
+            self.write_lines([f"[forgelm-tui] … {skipped} lines not shown here (too fast); "
+                              "the rank log files have every line"])
         wanted = lines if self.rank is None else [ln for ln in lines if ln.rank == self.rank]
         if wanted:
             self.write_lines(line.render() for line in wanted)
+
+    def clear(self) -> None:
+        self._lines.clear()
+        self._first = 0
+        self._width = 0
+        self._strips.clear()
+        self._resize()
+        self.scroll_to(0, 0, animate=False, immediate=True)
+        self.refresh()
+
+    def write_lines(self, lines: Iterable[str]) -> None:
+        new = list(lines)
+        if not new:
+            return
+        follow = self.auto_scroll and self.is_vertical_scroll_end
+        self._lines.extend(new)
+        self._width = max(self._width, max(map(cell_len, new)))
+        pruned = len(self._lines) - self.max_lines
+        if pruned > 0:
+            del self._lines[:pruned]
+            self._first += pruned
+        self._resize()
+        if follow:
+            self.scroll_to(y=self.max_scroll_y, animate=False, immediate=True)
+        elif pruned > 0:  # keep the same lines in view while they last
+            self.scroll_to(y=max(0, self.scroll_y - pruned), animate=False, immediate=True)
+        self.refresh()
+
+    def _resize(self) -> None:
+        size = Size(self._width, len(self._lines))
+        if size == self.virtual_size:
+            return
+        self.set_reactive(Widget.virtual_size, size)  # no watchers: no layout pass
+        if self.is_mounted:
+            self.vertical_scrollbar.window_virtual_size = size.height
+            self.horizontal_scrollbar.window_virtual_size = size.width
+
+    # ------------------------------------------------------------------ rendering
+
+    def render_line(self, y: int) -> Strip:
+        scroll_x, scroll_y = self.scroll_offset
+        index = scroll_y + y
+        width = self.size.width
+        style = self.rich_style
+        if index >= len(self._lines):
+            return Strip.blank(width, style)
+        strip = self._strip(index, style)
+        return strip.crop_extend(scroll_x, scroll_x + width, style).apply_offsets(scroll_x, index)
+
+    def _strip(self, index: int, style: Style) -> Strip:
+        selection = self.text_selection
+        key = self._first + index
+        if selection is None and (cached := self._strips.get(key)) is not None:
+            return cached
+        line = self._lines[index]
+        text = stream_text(line)
+        text.stylize_before(style)
+        if selection is not None and (span := selection.get_span(index)) is not None:
+            start, end = span
+            text.stylize(self.screen.get_component_rich_style("screen--selection"),
+                         start, len(text) if end == -1 else end)
+        strip = Strip(text.render(self.app.console), cell_len(line))
+        if selection is None:
+            self._strips[key] = strip
+        return strip
+
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self._strips.clear()
+
+    def get_selection(self, selection: Selection) -> tuple[str, str] | None:
+        return selection.extract("\n".join(self._lines)), "\n"
+
+    def selection_updated(self, selection: Selection | None) -> None:
+        self._strips.clear()
+        self.refresh()
+
+    # ------------------------------------------------------------------ search
 
     def search(self, query: str, backwards: bool = False) -> tuple[int, int]:
         """Move to the next (or previous) line containing ``query``; (match number, total)."""
@@ -56,7 +166,7 @@ class LogPane(Log):
             self.query_text = query
             self.match_index = -1
         needle = query.lower()
-        self.matches = [i for i, text in enumerate(self.lines) if needle in text.lower()]
+        self.matches = [i for i, text in enumerate(self._lines) if needle in text.lower()]
         if not self.matches or not needle:
             return (0, 0)
         step = -1 if backwards else 1
