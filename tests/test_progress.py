@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 from conftest import rank_script, run_cli
 
-from forgelm_tui.engine.progress_lines import parse_loss, parse_step
+from forgelm_tui.engine import events as ev
+from forgelm_tui.engine.progress_lines import lines_with, parse_loss, parse_step
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -30,6 +31,24 @@ def test_parse_step(line: str, step: tuple[int, int] | None) -> None:
 )
 def test_parse_loss(line: str, loss: float | None) -> None:
     assert parse_loss(line) == loss
+
+
+def test_lines_with_gives_matching_lines_newest_first() -> None:
+    raw = b"a/1\nplain\n\x1b[1mb/2\x1b[0m\nc\nd/3"
+    assert list(lines_with(raw, b"/")) == ["d/3", "b/2", "a/1"]
+    assert list(lines_with(raw, b"loss")) == []
+    assert next(lines_with(b"only/line", b"/")) == "only/line"
+
+
+def test_an_output_event_sanitises_only_what_is_asked() -> None:
+    out = ev.RankOutput(3, "stdout", b"one\n\x1b[31mtwo\x1b[0m\n\nfour", 4)
+    assert out.tail(2) == ("", "four")
+    assert out.last_line == "four"
+    assert "lines" not in out.__dict__  # nothing else decoded yet
+    assert out.lines == ("one", "two", "", "four")
+    assert out.tail(3) == ("two", "", "four")
+    assert out.tail(9) == out.lines
+    assert ev.RankOutput.of(0, "stderr", ["x", ""]) == ev.RankOutput(0, "stderr", b"x\n", 2)
 
 
 def test_progress_from_hf_style_output(tmp_path: Path) -> None:

@@ -170,7 +170,7 @@ async def test_child_text_is_never_markup() -> None:
     app, run, prepare = make("running")
     async with app.run_test(size=SIZE) as pilot:
         await prepare(pilot)
-        run.emit(ev.RankOutput(0, "stdout", ("[bold]not bold[/] [rank0] [/]",)))
+        run.emit(ev.RankOutput.of(0, "stdout", ("[bold]not bold[/] [rank0] [/]",)))
         app.refresh_table()
         app.flush_logs()
         await pilot.pause()
@@ -184,7 +184,7 @@ async def test_flood_is_bounded_per_flush() -> None:
     async with app.run_test(size=SIZE) as pilot:
         await prepare(pilot)
         for chunk in range(200):
-            run.emit(ev.RankOutput(chunk % 8, "stdout", tuple(f"line {chunk}-{i}" for i in
+            run.emit(ev.RankOutput.of(chunk % 8, "stdout", tuple(f"line {chunk}-{i}" for i in
                                                              range(500))))
         app.flush_logs()
         await pilot.pause()
@@ -208,7 +208,7 @@ async def test_log_growth_never_reflows_the_screen(monkeypatch: pytest.MonkeyPat
         monkeypatch.setattr(Screen, "_refresh_layout",
                             lambda screen, *a, **k: layouts.append(a) or original(screen, *a, **k))
         for flush in range(30):
-            run.emit(ev.RankOutput(flush % 8, "stdout", tuple(f"flush {flush} line {i}" for i in
+            run.emit(ev.RankOutput.of(flush % 8, "stdout", tuple(f"flush {flush} line {i}" for i in
                                                               range(900))))
             app.flush_logs()
             await pilot.pause()
@@ -227,14 +227,14 @@ async def test_a_paused_log_keeps_its_lines_in_view() -> None:
         await prepare(pilot)
         pane = app.query_one(LogPane)
         for flush in range(25):
-            run.emit(ev.RankOutput(0, "stdout", tuple(f"a{flush}-{i}" for i in range(900))))
+            run.emit(ev.RankOutput.of(0, "stdout", tuple(f"a{flush}-{i}" for i in range(900))))
             app.flush_logs()
         await pilot.press("f")  # pause
         pane.scroll_to(y=pane.max_scroll_y - 5000, animate=False, immediate=True)
         await pilot.pause()
         top = pane.render_line(0).text
         for flush in range(3):  # 2700 more lines: 2700 of the oldest go
-            run.emit(ev.RankOutput(1, "stdout", tuple(f"b{flush}-{i}" for i in range(900))))
+            run.emit(ev.RankOutput.of(1, "stdout", tuple(f"b{flush}-{i}" for i in range(900))))
             app.flush_logs()
         await pilot.pause()
         assert pane.render_line(0).text == top

@@ -5,8 +5,12 @@ Times are wall-clock epoch seconds (``at``) unless named ``*_mono`` (``time.mono
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Literal
+
+from forgelm_tui.engine.sanitize import sanitize_block, sanitize_line
 
 Stream = Literal["stdout", "stderr"]
 
@@ -30,11 +34,39 @@ class RankStarted:
 
 @dataclass(frozen=True)
 class RankOutput:
-    """One read chunk of a rank's stream, split into sanitised complete lines."""
+    """One read chunk of a rank's stream: its complete lines, sanitised when first asked for.
+
+    ``raw`` is the lines as the rank wrote them, joined by newlines (no final one). A view that
+    shows every line (``--no-tui``) reads ``lines``; one that shows a few of a flood (the TUI)
+    reads ``tail(n)`` and never pays for the rest.
+    """
 
     rank: int
     stream: Stream
-    lines: tuple[str, ...]
+    raw: bytes
+    count: int  # lines in raw
+
+    @classmethod
+    def of(cls, rank: int, stream: Stream, lines: Sequence[str]) -> RankOutput:
+        """An event from lines already in hand (scripted runs, tests)."""
+        return cls(rank, stream, "\n".join(lines).encode(), len(lines))
+
+    @cached_property
+    def lines(self) -> tuple[str, ...]:
+        return tuple(sanitize_block(self.raw))
+
+    def tail(self, n: int) -> tuple[str, ...]:
+        """The last ``n`` lines, sanitised; only those are decoded."""
+        if n <= 0:
+            return ()
+        if n >= self.count or "lines" in self.__dict__:
+            return self.lines[-n:]
+        return tuple(sanitize_line(part.decode("utf-8", "replace"))
+                     for part in self.raw.rsplit(b"\n", n)[1:])
+
+    @cached_property
+    def last_line(self) -> str:
+        return self.tail(1)[0]
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,13 @@ Lightning's ``Received SIGTERM`` line says a rank stopped on a signal.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+
+from forgelm_tui.engine.sanitize import sanitize_line
 
 _BAR = re.compile(r"\|\s*(\d+)/(\d+)\s*\[")
 _LOSS = re.compile(r"""['"]loss['"]\s*:\s*['"]?([-+0-9.eE]+|nan|inf)""")
-LIGHTNING_SIGTERM = "Received SIGTERM"
+LIGHTNING_SIGTERM = b"Received SIGTERM"
 
 
 def parse_step(line: str) -> tuple[int, int] | None:
@@ -30,3 +33,17 @@ def parse_loss(line: str) -> float | None:
         return float(match.group(1))
     except ValueError:
         return None
+
+
+def lines_with(raw: bytes, needle: bytes) -> Iterator[str]:
+    """The lines of ``raw`` (newline-joined) that contain ``needle``, newest first, sanitised.
+
+    Only matching lines are decoded, and a caller that stops at the first useful one (the
+    latest progress) never looks further back.
+    """
+    end = len(raw)
+    while (at := raw.rfind(needle, 0, end)) >= 0:
+        start = raw.rfind(b"\n", 0, at) + 1
+        stop = raw.find(b"\n", at, end)
+        yield sanitize_line(raw[start : end if stop < 0 else stop].decode("utf-8", "replace"))
+        end = start

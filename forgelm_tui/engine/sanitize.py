@@ -51,13 +51,14 @@ def sanitize_block(block: bytes) -> list[str]:
 
 
 class LineSplitter:
-    """Turns chunks of bytes into sanitised complete lines, holding back a partial last line."""
+    """Turns chunks of bytes into complete lines, holding back a partial last line."""
 
     def __init__(self, max_pending: int = 64 * 1024) -> None:
         self._pending = b""
         self._max_pending = max_pending
 
-    def feed(self, chunk: bytes) -> list[str]:
+    def split(self, chunk: bytes) -> bytes | None:
+        """The complete lines so far, raw and joined by newlines; None when there are none."""
         data = self._pending + chunk
         end = data.rfind(b"\n")
         block: bytes | None = None
@@ -72,6 +73,11 @@ class LineSplitter:
             # A line without end (a progress bar that never prints \n): show what we have.
             block = self._pending if block is None else block + b"\n" + self._pending
             self._pending = b""
+        return block
+
+    def feed(self, chunk: bytes) -> list[str]:
+        """:meth:`split`, sanitised."""
+        block = self.split(chunk)
         return [] if block is None else sanitize_block(block)
 
     def partial(self) -> str | None:
@@ -80,8 +86,13 @@ class LineSplitter:
             return None
         return sanitize_line(self._pending.decode("utf-8", "replace"))
 
-    def flush(self) -> list[str]:
+    def flush_raw(self) -> bytes | None:
+        """The partial last line at end of stream, if any."""
         if not self._pending:
-            return []
+            return None
         rest, self._pending = self._pending, b""
-        return [sanitize_line(rest.decode("utf-8", "replace"))]
+        return rest
+
+    def flush(self) -> list[str]:
+        rest = self.flush_raw()
+        return [] if rest is None else [sanitize_line(rest.decode("utf-8", "replace"))]

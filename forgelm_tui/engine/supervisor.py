@@ -15,8 +15,14 @@ from typing import IO
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.channel import ChannelServer, Message
 from forgelm_tui.engine.guardian import Guardian
-from forgelm_tui.engine.progress_lines import LIGHTNING_SIGTERM, parse_loss, parse_step
+from forgelm_tui.engine.progress_lines import (
+    LIGHTNING_SIGTERM,
+    lines_with,
+    parse_loss,
+    parse_step,
+)
 from forgelm_tui.engine.records import (
+    STDERR_TAIL_LINES,
     CancelRequest,
     Purpose,
     RankRecord,
@@ -221,7 +227,7 @@ class Supervisor:
             data = b""
         if not data:
             self._close_stream(fd)
-            self._deliver(record, stream, splitter.flush())
+            self._deliver(record, stream, splitter.flush_raw())
             self._check_finished()
             return
         _write_all(self._log_fds[fd], data)
@@ -232,36 +238,33 @@ class Supervisor:
         now = time.monotonic()
         record.last_output_mono = now
         record.last_progress_mono = now
-        self._deliver(record, stream, splitter.feed(data))
+        self._deliver(record, stream, splitter.split(data))
         if b"\r" in data:
             partial = splitter.partial()
             if partial:
-                self._read_progress(record, [partial])
+                self._read_progress(record, partial.encode())
 
-    def _deliver(self, record: RankRecord, stream: ev.Stream, lines: list[str]) -> None:
-        if not lines:
+    def _deliver(self, record: RankRecord, stream: ev.Stream, block: bytes | None) -> None:
+        """One event for the chunk's complete lines. Nothing here is per line: a view that
+        wants every line sanitised asks the event for them (see RankOutput)."""
+        if block is None:
             return
-        record.last_line = lines[-1]
+        output = ev.RankOutput(record.rank, stream, block, block.count(b"\n") + 1)
+        record.last_line = output.last_line
         if stream == "stderr":
-            record.stderr_tail.extend(lines)
-        self._emit(ev.RankOutput(record.rank, stream, tuple(lines)))
-        self._read_progress(record, lines)
+            record.stderr_tail.extend(output.tail(STDERR_TAIL_LINES))
+        self._emit(output)
+        self._read_progress(record, block)
 
-    def _read_progress(self, record: RankRecord, lines: list[str]) -> None:
+    def _read_progress(self, record: RankRecord, raw: bytes) -> None:
         """Progress and stop notices from the output of ranks that do not use the channel."""
-        text = "\n".join(lines)  # one C-speed scan of the chunk before any per-line work
-        if LIGHTNING_SIGTERM in text:
+        if LIGHTNING_SIGTERM in raw:  # C-speed scans of the chunk before any per-line work
             self._reported_stop(record, "SIGTERM", None)
-        if record.progress_source == "channel" or not ("loss" in text or "/" in text):
+        if record.progress_source == "channel" or not (b"loss" in raw or b"/" in raw):
             return
-        step = loss = None
-        for line in reversed(lines):
-            if step is None and "/" in line and "[" in line:
-                step = parse_step(line)
-            if loss is None and "loss" in line:
-                loss = parse_loss(line)
-            if step is not None and loss is not None:
-                break
+        step = next(filter(None, map(parse_step, lines_with(raw, b"/"))), None)
+        loss = next((v for v in map(parse_loss, lines_with(raw, b"loss")) if v is not None),
+                    None)
         if step is None and loss is None:
             return
         record.progress_source = "output"

@@ -92,40 +92,36 @@ class LogLine(NamedTuple):  # a tuple: cheap to make by the hundred thousand
         return f"[rank {self.rank}]{marker}{self.text}"
 
 
-Chunk = tuple[int, str, tuple[str, ...]]  # (rank, stream, lines): one engine event
-
-
 class ChunkQueue:
-    """Lines kept as the chunks they arrived in, bounded by a line count.
+    """Output events kept as they arrived, bounded by a line count.
 
-    Adding costs O(1) per chunk whatever its size: a flood of output never means per-line work
-    in the view; LogLine objects are made only for what is read back.
+    Adding costs O(1) per chunk whatever its size, and no line is decoded until it is read
+    back: a flood of output never means per-line work in the view.
     """
 
     def __init__(self, max_lines: int) -> None:
         self.max_lines = max_lines
-        self.chunks: deque[Chunk] = deque()
+        self.chunks: deque[ev.RankOutput] = deque()
         self.lines = 0
         self.dropped = 0  # lines pushed out since the last clear
 
-    def add(self, chunk: Chunk) -> None:
+    def add(self, chunk: ev.RankOutput) -> None:
         self.chunks.append(chunk)
-        self.lines += len(chunk[2])
-        while self.lines - len(self.chunks[0][2]) >= self.max_lines:
-            self.lines -= len(self.chunks[0][2])
-            self.dropped += len(self.popleft_lines())
-
-    def popleft_lines(self) -> tuple[str, ...]:
-        return self.chunks.popleft()[2]
+        self.lines += chunk.count
+        while self.lines - self.chunks[0].count >= self.max_lines:
+            gone = self.chunks.popleft().count
+            self.lines -= gone
+            self.dropped += gone
 
     def tail(self) -> list[LogLine]:
         """The last ``max_lines`` lines, oldest first."""
         out: list[LogLine] = []
-        for rank, stream, lines in reversed(self.chunks):
+        for chunk in reversed(self.chunks):
             need = self.max_lines - len(out)
             if need <= 0:
                 break
-            out.extend(LogLine(rank, stream, text) for text in reversed(lines[-need:]))
+            rank, stream = chunk.rank, chunk.stream
+            out.extend(LogLine(rank, stream, text) for text in reversed(chunk.tail(need)))
         out.reverse()
         return out
 
@@ -144,11 +140,10 @@ class LogStore:
         self._pending = ChunkQueue(FLUSH_MAX_LINES)
         self.total = 0
 
-    def add(self, rank: int, stream: str, lines: Sequence[str]) -> None:
-        chunk: Chunk = (rank, stream, tuple(lines))
-        self.total += len(chunk[2])
+    def add(self, chunk: ev.RankOutput) -> None:
+        self.total += chunk.count
         self.merged.add(chunk)
-        self.per_rank.setdefault(rank, ChunkQueue(LOG_KEEP_PER_RANK)).add(chunk)
+        self.per_rank.setdefault(chunk.rank, ChunkQueue(LOG_KEEP_PER_RANK)).add(chunk)
         self._pending.add(chunk)
 
     def take_pending(self) -> tuple[list[LogLine], int]:
@@ -195,13 +190,12 @@ class RunModel:
         self.changed = True
         now = self.clock()
         match event:
-            case ev.RankOutput(rank=rank, stream=stream, lines=lines):
+            case ev.RankOutput(rank=rank) as output:
                 row = self.ranks.setdefault(rank, RankRow(rank))
                 row.last_output_mono = now
-                if lines:
-                    row.last_line = lines[-1]
+                row.last_line = output.last_line
                 row.quiet = False
-                self.logs.add(rank, stream, lines)
+                self.logs.add(output)
             case ev.RunStarted():
                 self.state = "running"
             case ev.RankStarted(rank=rank, local_rank=local_rank, pid=pid):

@@ -88,12 +88,12 @@ def start_ranks(run: ScriptedRun, clock: FakeClock, quiet: int | None = None) ->
         for rank in range(run.world_size):
             if rank != quiet:
                 line = f"{{'loss': {2.5 - 0.1 * step - 0.01 * rank:.4f}, 'step': {step * 10}}}"
-                run.emit(ev.RankOutput(rank, "stdout", (line,)))
+                run.emit(ev.RankOutput.of(rank, "stdout", (line,)))
     for rank in range(run.world_size):
         if rank != quiet:
             run.emit(ev.RankProgressed(rank, 30, 1200, {"loss": 2.2 - 0.01 * rank}))
     if quiet is not None:
-        run.emit(ev.RankOutput(quiet, "stderr", ("waiting at barrier (rank idles while rank 0 "
+        run.emit(ev.RankOutput.of(quiet, "stderr", ("waiting at barrier (rank idles while rank 0 "
                                                  "evaluates)",)))
     clock.advance(2)
     for rank in range(run.world_size):
@@ -165,7 +165,7 @@ def state_failed(run: ScriptedRun, clock: FakeClock, envelope_dir: Path | None =
              '  File "forgelm/trainer.py", line 812, in train',
              "    loss.backward()",
              "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"]
-    run.emit(ev.RankOutput(1, "stderr", tuple(trace)))
+    run.emit(ev.RankOutput.of(1, "stderr", tuple(trace)))
     run.emit(ev.RankExited(1, 2, None, False, T0 + 120))
     reason = "rank 1 failed (exit 2)"
     sent = [SignalSent(signal.SIGTERM, T0 + 120.001, reason, Purpose.STOP)]
@@ -192,7 +192,7 @@ def state_approval(run: ScriptedRun, clock: FakeClock,
         result = {"success": True, "awaiting_approval": True, "run_id": run_id,
                   "staging_path": f"/jobs/tiny/out/final_model.staging.{run_id}"}
         results[rank] = result
-        run.emit(ev.RankOutput(rank, "stdout", ('{', '  "success": true,',
+        run.emit(ev.RankOutput.of(rank, "stdout", ('{', '  "success": true,',
                                                 '  "awaiting_approval": true', '}')))
         run.emit(ev.RankExited(rank, 4, None, False, T0 + 125))
     run.emit(ev.RunFinished(T0 + 125))
