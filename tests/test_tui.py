@@ -194,6 +194,26 @@ async def test_flood_is_bounded_per_flush() -> None:
         assert lines[-1] == "[rank 7] line 199-499"
 
 
+async def test_a_rank_ending_shows_without_waiting_for_the_tick(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from forgelm_tui.tui import app as app_module
+
+    monkeypatch.setattr(app_module, "TABLE_HZ", 1 / 3600)  # the periodic refresh never comes
+    app, run, prepare = make("running")
+    async with app.run_test(size=SIZE) as pilot:
+        await prepare(pilot)
+        table = app.query_one(RankTable)
+        run.emit(ev.RankOutput.of(3, "stdout", ("a line the tick would show",)))
+        await pilot.pause()
+        assert "a line the tick" not in str(table.get_cell("3", "last"))  # output waits
+        run.emit(ev.RankExited(3, 4, None, False, 0.0))
+        await pilot.pause()
+        assert str(table.get_cell("3", "exit")) == "4 AWAITING_APPROVAL"
+        assert str(table.get_cell("3", "state")) == "exited"
+        assert "a line the tick" in str(table.get_cell("3", "last"))  # one repaint, all rows
+
+
 async def test_log_growth_never_reflows_the_screen(monkeypatch: pytest.MonkeyPatch) -> None:
     """Filling the history costs no layout pass (each one re-renders the whole screen), and
     following keeps the newest line at the bottom, scrollbar included."""

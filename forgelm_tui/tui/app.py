@@ -35,6 +35,7 @@ from forgelm_tui.tui.widgets.verdict_panel import VerdictPanel
 
 TABLE_HZ = 1  # the rank table and header: about once a second (a 64-row repaint costs)
 LOG_HZ = 10
+LIFECYCLE = (ev.RankStarted, ev.RankSignalled, ev.RankExited, ev.RunStopping)
 
 
 class RunHandle(Protocol):
@@ -134,7 +135,9 @@ class SupervisorApp(App[int]):
         self._terminal_lost = False
         self.terminal_fd = terminal_fd
         self.before_hard_exit = before_hard_exit
+        self._table_due = False
         run.subscribe(self.model.apply)
+        run.subscribe(self._on_lifecycle)
 
     # ------------------------------------------------------------------ layout
 
@@ -222,7 +225,15 @@ class SupervisorApp(App[int]):
 
     # ------------------------------------------------------------------ refresh
 
+    def _on_lifecycle(self, event: ev.Event) -> None:
+        """A rank starting, being signalled or ending shows at once (one repaint per burst of
+        such events); samples and output wait for the table's own tick."""
+        if isinstance(event, LIFECYCLE) and not self._table_due and self.is_running:
+            self._table_due = True
+            self.call_later(self.refresh_table)
+
     def refresh_table(self) -> None:
+        self._table_due = False
         label = self.outcome.verdict.label if self.outcome else None
         try:
             header, table = self.query_one(RunHeader), self.query_one(RankTable)
