@@ -99,3 +99,18 @@ def test_shell_pipe_to_head(tmp_path: Path) -> None:
     )
     assert proc.stdout.splitlines()[-1] == "code=4"
     assert "Traceback" not in proc.stderr
+
+
+def test_output_pipes_have_room_for_a_ui_frame(tmp_path: Path) -> None:
+    """A rank printing fast keeps running while the supervisor draws: its pipes hold 1 MiB
+    with a few ranks, less with many, never more than the budget in all."""
+    from forgelm_tui.engine.spawn import PIPE_BUDGET, PIPE_DEFAULT, PIPE_MAX, pipe_capacity
+
+    assert pipe_capacity(2) == PIPE_MAX
+    assert pipe_capacity(64) * 2 * 64 <= PIPE_BUDGET
+    assert pipe_capacity(100_000) == PIPE_DEFAULT
+    run = run_cli(["--nproc-per-node", "2", rank_script("pipe_size.py")], tmp_path)
+    assert run.proc.returncode == 0
+    for rank in range(2):
+        line = (run.run_dir / f"rank-{rank}.stdout.log").read_text().strip()
+        assert line == f"pipe sizes {PIPE_MAX} {PIPE_MAX}", line

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import os
 import signal
 import subprocess
@@ -11,6 +12,19 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
+
+# Room in each output pipe. With the kernel's default 64 KiB a rank printing fast blocks within
+# a few ms whenever the supervisor is busy elsewhere (a TUI frame takes 10-30 ms); a bigger pipe
+# lets it run on. All ranks together stay within a quarter of Linux's default per-user soft
+# limit (pipe-user-pages-soft, 64 MiB): past it, every new pipe of the user gets one page.
+PIPE_BUDGET = 16 << 20
+PIPE_MAX = 1 << 20
+PIPE_DEFAULT = 64 << 10
+
+
+def pipe_capacity(local_ranks: int) -> int:
+    """The size to ask for each of a rank's two output pipes."""
+    return max(PIPE_DEFAULT, min(PIPE_MAX, PIPE_BUDGET // (2 * max(1, local_ranks))))
 
 
 def _load_prctl() -> Callable[..., int] | None:
@@ -46,6 +60,7 @@ def spawn_rank(
     env: Mapping[str, str],
     cwd: Path | None,
     death_signal: int = signal.SIGTERM,
+    pipe_size: int = PIPE_DEFAULT,
 ) -> subprocess.Popen[bytes]:
     """Start one rank in its own session with non-blocking stdout/stderr pipes."""
     proc = subprocess.Popen(
@@ -62,6 +77,9 @@ def spawn_rank(
     for pipe in (proc.stdout, proc.stderr):
         assert pipe is not None
         os.set_blocking(pipe.fileno(), False)
+        if pipe_size > PIPE_DEFAULT:
+            with contextlib.suppress(OSError):  # EPERM at the user's limit: keep the default
+                fcntl.fcntl(pipe.fileno(), fcntl.F_SETPIPE_SZ, pipe_size)
     return proc
 
 

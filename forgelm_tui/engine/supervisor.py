@@ -32,7 +32,13 @@ from forgelm_tui.engine.records import (
 )
 from forgelm_tui.engine.sampler import IDLE_CPU_FRACTION, RankSampler, Sample
 from forgelm_tui.engine.sanitize import LineSplitter
-from forgelm_tui.engine.spawn import group_alive, signal_group, signal_process, spawn_rank
+from forgelm_tui.engine.spawn import (
+    group_alive,
+    pipe_capacity,
+    signal_group,
+    signal_process,
+    spawn_rank,
+)
 from forgelm_tui.engine.spec import LaunchSpec, rank_env
 from forgelm_tui.verdict import StopKind
 
@@ -169,7 +175,8 @@ class Supervisor:
         out_log = os.open(record.stdout_log, flags, 0o644)
         err_log = os.open(record.stderr_log, flags, 0o644)
         try:
-            proc = spawn_rank(self.spec.argv, env, self.spec.cwd)
+            proc = spawn_rank(self.spec.argv, env, self.spec.cwd,
+                              pipe_size=pipe_capacity(self.spec.nproc_per_node))
         except OSError:
             os.close(out_log)
             os.close(err_log)
