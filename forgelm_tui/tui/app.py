@@ -21,7 +21,7 @@ from textual.containers import Vertical
 from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widget import Widget
-from textual.widgets import DataTable, Footer, Static
+from textual.widgets import DataTable, Static
 
 from forgelm_tui.engine import events as ev
 from forgelm_tui.run import Outcome
@@ -29,6 +29,7 @@ from forgelm_tui.tui.model import RunModel
 from forgelm_tui.tui.screens.confirm import ConfirmCancel
 from forgelm_tui.tui.screens.help import HelpScreen
 from forgelm_tui.tui.screens.search import SearchPrompt
+from forgelm_tui.tui.widgets.key_hints import KeyHints
 from forgelm_tui.tui.widgets.log_pane import LogPane
 from forgelm_tui.tui.widgets.rank_table import RankTable, human_seconds
 from forgelm_tui.tui.widgets.verdict_panel import VerdictPanel
@@ -148,7 +149,7 @@ class SupervisorApp(App[int]):
             yield VerdictPanel(id="verdict")
             yield Static("", id="log-title")
             yield LogPane(id="logs")
-        yield Footer()
+        yield KeyHints(self.BINDINGS, id="keys")
 
     def on_mount(self) -> None:
         self.query_one(VerdictPanel).display = False
