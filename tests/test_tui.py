@@ -179,6 +179,23 @@ async def test_child_text_is_never_markup() -> None:
         assert app.query_one(LogPane).lines[-1] == "[rank 0] [bold]not bold[/] [rank0] [/]"
 
 
+async def test_raw_hostile_chunk_shows_as_plain_text() -> None:
+    """The engine hands the view raw bytes; what the pane and the table show is sanitised."""
+    raw = (b"\x1b[31mred\x1b[0m plain\nprogress 10%\rprogress 100%\n"
+           b"\x1b]0;title\x07osc gone\n[bold]x[/] \x1b[2J\x1b[Hcleared?")
+    app, run, prepare = make("running")
+    async with app.run_test(size=SIZE) as pilot:
+        await prepare(pilot)
+        run.emit(ev.RankOutput(2, "stdout", raw, raw.count(b"\n") + 1))
+        app.refresh_table()
+        app.flush_logs()
+        await pilot.pause()
+        assert list(app.query_one(LogPane).lines[-4:]) == [
+            "[rank 2] red plain", "[rank 2] progress 100%", "[rank 2] osc gone",
+            "[rank 2] [bold]x[/] cleared?"]
+        assert str(app.query_one(RankTable).get_cell("2", "last")) == "[bold]x[/] cleared?"
+
+
 async def test_flood_is_bounded_per_flush() -> None:
     app, run, prepare = make("running")
     async with app.run_test(size=SIZE) as pilot:
