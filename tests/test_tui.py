@@ -179,6 +179,33 @@ async def test_child_text_is_never_markup() -> None:
         assert app.query_one(LogPane).lines[-1] == "[rank 0] [bold]not bold[/] [rank0] [/]"
 
 
+async def test_scrolling_up_pauses_the_log_and_the_end_resumes_it() -> None:
+    app, run, prepare = make("running")
+    title = lambda: str(app.query_one("#log-title", Static).render())  # noqa: E731
+    async with app.run_test(size=SIZE) as pilot:
+        await prepare(pilot)
+        pane = app.query_one(LogPane)
+        run.emit(ev.RankOutput.of(0, "stdout", tuple(f"old {i}" for i in range(300))))
+        app.flush_logs()
+        pane.focus()
+        await pilot.pause()
+        await pilot.press("pageup")
+        assert "paused" in title() and not pane.auto_scroll
+        top = pane.render_line(0).text
+        run.emit(ev.RankOutput.of(1, "stdout", ("new line",)))
+        app.flush_logs()
+        await pilot.pause()
+        assert pane.render_line(0).text == top  # the reader's page stays still
+        await pilot.press("end")
+        assert "following" in title() and pane.auto_scroll
+        run.emit(ev.RankOutput.of(1, "stdout", ("newest line",)))
+        app.flush_logs()
+        await pilot.pause()
+        assert pane.is_vertical_scroll_end
+        bottom = pane.render_line(pane.scrollable_content_region.height - 1).text
+        assert bottom.startswith("[rank 1] newest line"), bottom
+
+
 async def test_raw_hostile_chunk_shows_as_plain_text() -> None:
     """The engine hands the view raw bytes; what the pane and the table show is sanitised."""
     raw = (b"\x1b[31mred\x1b[0m plain\nprogress 10%\rprogress 100%\n"

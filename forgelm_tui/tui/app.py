@@ -137,6 +137,7 @@ class SupervisorApp(App[int]):
         self.terminal_fd = terminal_fd
         self.before_hard_exit = before_hard_exit
         self._table_due = False
+        self._log_title_extra = ""
         run.subscribe(self.model.apply)
         run.subscribe(self._on_lifecycle)
 
@@ -221,8 +222,8 @@ class SupervisorApp(App[int]):
         self.refresh_table()
         self.query_one(VerdictPanel).show_verdict(outcome.envelope, outcome.envelope_path)
         pane = self.query_one(LogPane)
-        if pane.auto_scroll:
-            self.call_after_refresh(pane.scroll_end, animate=False)
+        if pane.auto_scroll:  # the verdict panel took room: the newest line back in view
+            self.call_after_refresh(pane.set_follow, True)
 
     # ------------------------------------------------------------------ refresh
 
@@ -253,6 +254,7 @@ class SupervisorApp(App[int]):
             pane.append(lines, skipped)
 
     def _update_log_title(self, extra: str = "") -> None:
+        self._log_title_extra = extra
         pane = self.query_one(LogPane)
         which = "all ranks" if pane.rank is None else f"rank {pane.rank}"
         follow = "following" if pane.auto_scroll else "paused (f to follow)"
@@ -287,6 +289,9 @@ class SupervisorApp(App[int]):
             self.run_handle.forward(int(signal.Signals[signame]))
             self.notify(f"{signame} forwarded to every live rank.")
 
+    def on_log_pane_follow_changed(self, event: LogPane.FollowChanged) -> None:
+        self._update_log_title(self._log_title_extra)
+
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         pane = self.query_one(LogPane)
         if pane.rank is not None and event.row_key.value is not None:
@@ -309,9 +314,7 @@ class SupervisorApp(App[int]):
 
     def action_follow(self) -> None:
         pane = self.query_one(LogPane)
-        pane.auto_scroll = not pane.auto_scroll
-        if pane.auto_scroll:
-            pane.scroll_end(animate=False)
+        pane.set_follow(not pane.auto_scroll)
         self._update_log_title()
 
     def action_search(self) -> None:

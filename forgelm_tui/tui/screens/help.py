@@ -14,7 +14,7 @@ KEYS = """\
   up / down    select a rank (mouse works too)
   enter        show the selected rank's log / back to all ranks
   a            show every rank's log, merged
-  f            follow the log on / off
+  f            follow the log on / off (scrolling up pauses it, End resumes it)
   /            search the log;  n / N  next / previous match
   s            save the envelope (after the run)
   q            quit (after the run; during it, asks to cancel first)

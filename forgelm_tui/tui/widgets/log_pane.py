@@ -15,8 +15,10 @@ from collections.abc import Iterable, Sequence
 from rich.cells import cell_len
 from rich.style import Style
 from rich.text import Text
+from textual.binding import Binding
 from textual.cache import LRUCache
 from textual.geometry import Size
+from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.selection import Selection
 from textual.strip import Strip
@@ -40,9 +42,20 @@ def stream_text(line: str) -> Text:
 
 
 class LogPane(ScrollView, can_focus=True):
-    """Every rank's lines (``rank=None``) or one rank's, the newest ``max_lines`` of them."""
+    """Every rank's lines (``rank=None``) or one rank's, the newest ``max_lines`` of them.
+
+    Following (``auto_scroll``) means the newest line stays in view. Scrolling up by hand pauses
+    it and scrolling back to the end resumes it, as a pager does; each change is posted as
+    :class:`FollowChanged` so the title never says "following" over an old page.
+    """
+
+    class FollowChanged(Message):
+        def __init__(self, following: bool) -> None:
+            super().__init__()
+            self.following = following
 
     ALLOW_SELECT = True
+    BINDINGS = [Binding("end", "follow_newest", "Follow", show=False)]
     DEFAULT_CSS = """
     LogPane {
         overflow: scroll;  /* never a layout pass for a scrollbar appearing: see the module */
@@ -61,6 +74,7 @@ class LogPane(ScrollView, can_focus=True):
         self._first = 0  # the line number of _lines[0] since the last clear: cache keys
         self._width = 0
         self._strips: LRUCache[int, Strip] = LRUCache(1024)
+        self._scrolling = False  # a scroll of the pane's own (follow, search): not the reader's
 
     @property
     def lines(self) -> Sequence[str]:
@@ -88,14 +102,17 @@ class LogPane(ScrollView, can_focus=True):
         self._width = 0
         self._strips.clear()
         self._resize()
-        self.scroll_to(0, 0, animate=False, immediate=True)
+        self._scroll_myself(0)
         self.refresh()
 
     def write_lines(self, lines: Iterable[str]) -> None:
         new = list(lines)
         if not new:
             return
-        follow = self.auto_scroll and self.is_vertical_scroll_end
+        # A reader's scroll still animating (PgUp, the wheel) wins over following: jumping to
+        # the end here would cancel it before its first step could pause the pane.
+        follow = self.auto_scroll and not (
+            self.is_mounted and self.app.animator.is_being_animated(self, "scroll_y"))
         self._lines.extend(new)
         self._width = max(self._width, max(map(cell_len, new)))
         pruned = len(self._lines) - self.max_lines
@@ -104,10 +121,39 @@ class LogPane(ScrollView, can_focus=True):
             self._first += pruned
         self._resize()
         if follow:
-            self.scroll_to(y=self.max_scroll_y, animate=False, immediate=True)
+            self._scroll_myself(self.max_scroll_y)
         elif pruned > 0:  # keep the same lines in view while they last
-            self.scroll_to(y=max(0, self.scroll_y - pruned), animate=False, immediate=True)
+            self._scroll_myself(max(0, self.scroll_y - pruned))
         self.refresh()
+
+    def set_follow(self, following: bool) -> None:
+        if following != self.auto_scroll:
+            self.auto_scroll = following
+            self.post_message(self.FollowChanged(following))
+        if following:
+            self._scroll_myself(self.max_scroll_y)
+
+    def action_follow_newest(self) -> None:
+        """End: back to the newest line, and stay there (lines arriving while a scroll to the
+        end animates would otherwise leave it one page short, paused)."""
+        self.set_follow(True)
+
+    def _scroll_myself(self, y: float) -> None:
+        self._scrolling = True
+        try:
+            self.scroll_to(y=y, animate=False, immediate=True)
+        finally:
+            self._scrolling = False
+
+    def watch_scroll_y(self, old_value: float, new_value: float) -> None:
+        super().watch_scroll_y(old_value, new_value)
+        if self._scrolling:
+            return
+        at_end = round(new_value) >= self.max_scroll_y
+        if self.auto_scroll and not at_end and new_value < old_value:
+            self.set_follow(False)  # the reader scrolled up: keep their page still
+        elif not self.auto_scroll and at_end and new_value > old_value:
+            self.set_follow(True)  # back at the newest line: follow again
 
     def _resize(self) -> None:
         size = Size(self._width, len(self._lines))
@@ -171,7 +217,7 @@ class LogPane(ScrollView, can_focus=True):
             return (0, 0)
         step = -1 if backwards else 1
         self.match_index = (self.match_index + step) % len(self.matches)
-        self.auto_scroll = False
+        self.set_follow(False)
         line = self.matches[self.match_index]
-        self.scroll_to(y=max(0, line - self.size.height // 2), animate=False)
+        self._scroll_myself(max(0, line - self.size.height // 2))
         return (self.match_index + 1, len(self.matches))
