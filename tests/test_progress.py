@@ -38,6 +38,8 @@ def test_lines_with_gives_matching_lines_newest_first() -> None:
     assert list(lines_with(raw, b"/")) == ["d/3", "b/2", "a/1"]
     assert list(lines_with(raw, b"loss")) == []
     assert next(lines_with(b"only/line", b"/")) == "only/line"
+    raw = b" 40%|####  | 2/5 [00:01]\n/usr/lib/x\nhttp://a/b"
+    assert list(lines_with(raw, b"/", b"[", b"|")) == [" 40%|####  | 2/5 [00:01]"]
 
 
 def test_an_output_event_sanitises_only_what_is_asked() -> None:
@@ -49,6 +51,9 @@ def test_an_output_event_sanitises_only_what_is_asked() -> None:
     assert out.tail(3) == ("two", "", "four")
     assert out.tail(9) == out.lines
     assert ev.RankOutput.of(0, "stderr", ["x", ""]) == ev.RankOutput(0, "stderr", b"x\n", 2)
+    assert ev.RankOutput.of(0, "stdout", ["a\nb"]).count == 2
+    with pytest.raises(ValueError):
+        ev.RankOutput.of(0, "stdout", [])
 
 
 def test_progress_from_hf_style_output(tmp_path: Path) -> None:

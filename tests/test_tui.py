@@ -206,6 +206,40 @@ async def test_scrolling_up_pauses_the_log_and_the_end_resumes_it() -> None:
         assert bottom.startswith("[rank 1] newest line"), bottom
 
 
+async def test_log_pane_edges_scroll_selection_resize_and_view_switch() -> None:
+    from textual.geometry import Offset
+    from textual.selection import Selection
+
+    app, run, prepare = make("running")
+    async with app.run_test(size=SIZE) as pilot:
+        await prepare(pilot)
+        pane = app.query_one(LogPane)
+        # Switching view after scrolling right along long lines starts at column 0 again.
+        run.emit(ev.RankOutput.of(0, "stdout", tuple("x" * 300 for _ in range(5))))
+        app.flush_logs()
+        pane.scroll_to(x=200, animate=False, immediate=True)
+        await pilot.press("a")
+        assert pane.scroll_x == 0
+        # Lines still queued for the next flush when the view is rebuilt show once.
+        run.emit(ev.RankOutput.of(3, "stdout", ("queued once",)))
+        await pilot.press("a")
+        app.flush_logs()
+        await pilot.pause()
+        assert sum(line.endswith("queued once") for line in pane.lines) == 1
+        # A selection is line numbers: pruning drops it instead of shifting it onto other lines.
+        app.screen.selections = {pane: Selection(Offset(0, 2), Offset(5, 3))}
+        assert pane.text_selection is not None
+        for flush in range(25):
+            run.emit(ev.RankOutput.of(1, "stdout", tuple(f"p{flush}-{i}" for i in range(900))))
+            app.flush_logs()
+        await pilot.pause()
+        assert pane.text_selection is None
+        # A pane that shrinks while following keeps the newest line at its bottom.
+        await pilot.resize_terminal(SIZE[0], SIZE[1] - 12)
+        await pilot.pause()
+        assert pane.is_vertical_scroll_end
+
+
 async def test_raw_hostile_chunk_shows_as_plain_text() -> None:
     """The engine hands the view raw bytes; what the pane and the table show is sanitised."""
     raw = (b"\x1b[31mred\x1b[0m plain\nprogress 10%\rprogress 100%\n"

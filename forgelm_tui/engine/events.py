@@ -49,7 +49,10 @@ class RankOutput:
     @classmethod
     def of(cls, rank: int, stream: Stream, lines: Sequence[str]) -> RankOutput:
         """An event from lines already in hand (scripted runs, tests)."""
-        return cls(rank, stream, "\n".join(lines).encode(), len(lines))
+        if not lines:
+            raise ValueError("an output event has at least one line")
+        raw = "\n".join(lines).encode()
+        return cls(rank, stream, raw, raw.count(b"\n") + 1)
 
     @cached_property
     def lines(self) -> tuple[str, ...]:

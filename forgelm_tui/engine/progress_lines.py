@@ -35,15 +35,18 @@ def parse_loss(line: str) -> float | None:
         return None
 
 
-def lines_with(raw: bytes, needle: bytes) -> Iterator[str]:
-    """The lines of ``raw`` (newline-joined) that contain ``needle``, newest first, sanitised.
+def lines_with(raw: bytes, needle: bytes, *also: bytes) -> Iterator[str]:
+    """The lines of ``raw`` (newline-joined) that contain ``needle`` and every one of ``also``,
+    newest first, sanitised.
 
-    Only matching lines are decoded, and a caller that stops at the first useful one (the
-    latest progress) never looks further back.
+    Lines are told apart as bytes; only the ones that match are decoded, and a caller that stops
+    at the first useful one (the latest progress) never looks further back.
     """
     end = len(raw)
     while (at := raw.rfind(needle, 0, end)) >= 0:
         start = raw.rfind(b"\n", 0, at) + 1
         stop = raw.find(b"\n", at, end)
-        yield sanitize_line(raw[start : end if stop < 0 else stop].decode("utf-8", "replace"))
+        line = raw[start : end if stop < 0 else stop]
+        if all(word in line for word in also):
+            yield sanitize_line(line.decode("utf-8", "replace"))
         end = start

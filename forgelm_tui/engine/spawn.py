@@ -20,6 +20,7 @@ _PR_SET_PDEATHSIG = 1
 PIPE_BUDGET = 16 << 20
 PIPE_MAX = 1 << 20
 PIPE_DEFAULT = 64 << 10
+_F_SETPIPE_SZ: int | None = getattr(fcntl, "F_SETPIPE_SZ", None)  # Linux only
 
 
 def pipe_capacity(local_ranks: int) -> int:
@@ -77,9 +78,9 @@ def spawn_rank(
     for pipe in (proc.stdout, proc.stderr):
         assert pipe is not None
         os.set_blocking(pipe.fileno(), False)
-        if pipe_size > PIPE_DEFAULT:
+        if pipe_size > PIPE_DEFAULT and _F_SETPIPE_SZ is not None:
             with contextlib.suppress(OSError):  # EPERM at the user's limit: keep the default
-                fcntl.fcntl(pipe.fileno(), fcntl.F_SETPIPE_SZ, pipe_size)
+                fcntl.fcntl(pipe.fileno(), _F_SETPIPE_SZ, pipe_size)
     return proc
 
 

@@ -269,7 +269,7 @@ class Supervisor:
             self._reported_stop(record, "SIGTERM", None)
         if record.progress_source == "channel" or not (b"loss" in raw or b"/" in raw):
             return
-        step = next(filter(None, map(parse_step, lines_with(raw, b"/"))), None)
+        step = next(filter(None, map(parse_step, lines_with(raw, b"/", b"[", b"|"))), None)
         loss = next((v for v in map(parse_loss, lines_with(raw, b"loss")) if v is not None),
                     None)
         if step is None and loss is None:

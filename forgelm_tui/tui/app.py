@@ -292,11 +292,17 @@ class SupervisorApp(App[int]):
     def on_log_pane_follow_changed(self, event: LogPane.FollowChanged) -> None:
         self._update_log_title(self._log_title_extra)
 
+    def _show_log(self, rank: int | None) -> None:
+        """Rebuild the pane for every rank or one. The history already holds the lines still
+        waiting for the next flush: they are dropped from the queue, or they would show twice."""
+        self.model.logs.take_pending()
+        self.query_one(LogPane).show(self.model.logs, rank)
+        self._update_log_title()
+
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         pane = self.query_one(LogPane)
         if pane.rank is not None and event.row_key.value is not None:
-            pane.show(self.model.logs, int(event.row_key.value))
-            self._update_log_title()
+            self._show_log(int(event.row_key.value))
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         """Enter (or a click on the selected row) switches between this rank and all ranks."""
@@ -305,12 +311,10 @@ class SupervisorApp(App[int]):
     def action_toggle_rank_log(self) -> None:
         pane = self.query_one(LogPane)
         rank = self.query_one(RankTable).selected_rank()
-        pane.show(self.model.logs, None if pane.rank is not None else rank)
-        self._update_log_title()
+        self._show_log(None if pane.rank is not None else rank)
 
     def action_all_logs(self) -> None:
-        self.query_one(LogPane).show(self.model.logs, None)
-        self._update_log_title()
+        self._show_log(None)
 
     def action_follow(self) -> None:
         pane = self.query_one(LogPane)

@@ -101,8 +101,9 @@ class LogPane(ScrollView, can_focus=True):
         self._first = 0
         self._width = 0
         self._strips.clear()
+        self._drop_selection()
         self._resize()
-        self._scroll_myself(0)
+        self._scroll_myself(0, x=0)
         self.refresh()
 
     def write_lines(self, lines: Iterable[str]) -> None:
@@ -119,6 +120,7 @@ class LogPane(ScrollView, can_focus=True):
         if pruned > 0:
             del self._lines[:pruned]
             self._first += pruned
+            self._drop_selection()  # it was made of line numbers that now mean other lines
         self._resize()
         if follow:
             self._scroll_myself(self.max_scroll_y)
@@ -138,12 +140,21 @@ class LogPane(ScrollView, can_focus=True):
         end animates would otherwise leave it one page short, paused)."""
         self.set_follow(True)
 
-    def _scroll_myself(self, y: float) -> None:
+    def _scroll_myself(self, y: float, x: float | None = None) -> None:
         self._scrolling = True
         try:
-            self.scroll_to(y=y, animate=False, immediate=True)
+            self.scroll_to(x=x, y=y, animate=False, immediate=True)
         finally:
             self._scrolling = False
+
+    def _drop_selection(self) -> None:
+        if self.is_mounted and self.text_selection is not None:
+            screen = self.screen
+            screen.selections = {w: sel for w, sel in screen.selections.items() if w is not self}
+
+    def on_resize(self) -> None:
+        if self.auto_scroll:  # a smaller pane: the newest line back at the bottom
+            self._scroll_myself(self.max_scroll_y)
 
     def watch_scroll_y(self, old_value: float, new_value: float) -> None:
         super().watch_scroll_y(old_value, new_value)
