@@ -11,13 +11,18 @@ import argparse
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
-from torch import nn
-from torch.distributed.elastic.multiprocessing.errors import record
-from torch.nn.parallel import DistributedDataParallel
+with warnings.catch_warnings():
+    # torch warns at import when NumPy is absent (the quick start installs none); the demo never
+    # uses NumPy, and the warning would be the first, red, stderr line of every rank.
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.elastic.multiprocessing.errors import record
+    from torch.nn.parallel import DistributedDataParallel
 
 from forgelm_tui.rank import StopAgreement, report_progress
 
