@@ -43,14 +43,15 @@ def test_lines_with_gives_matching_lines_newest_first() -> None:
 
 
 def test_an_output_event_sanitises_only_what_is_asked() -> None:
-    out = ev.RankOutput(3, "stdout", b"one\n\x1b[31mtwo\x1b[0m\n\nfour", 4)
+    out = ev.RankOutput(3, "stdout", b"one\n\x1b[31mtwo\x1b[0m\n\nfour")
+    assert out.count == 4
     assert out.tail(2) == ("", "four")
     assert out.last_line == "four"
     assert "lines" not in out.__dict__  # nothing else decoded yet
     assert out.lines == ("one", "two", "", "four")
     assert out.tail(3) == ("two", "", "four")
     assert out.tail(9) == out.lines
-    assert ev.RankOutput.of(0, "stderr", ["x", ""]) == ev.RankOutput(0, "stderr", b"x\n", 2)
+    assert ev.RankOutput.of(0, "stderr", ["x", ""]) == ev.RankOutput(0, "stderr", b"x\n")
     assert ev.RankOutput.of(0, "stdout", ["a\nb"]).count == 2
     with pytest.raises(ValueError):
         ev.RankOutput.of(0, "stdout", [])

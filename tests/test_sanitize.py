@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from forgelm_tui.engine.sanitize import MAX_LINE_CHARS, LineSplitter, sanitize_line
+from forgelm_tui.engine.sanitize import MAX_LINE_CHARS, LineSplitter, sanitize_block, sanitize_line
 
 
 @pytest.mark.parametrize(
@@ -28,21 +28,21 @@ def test_long_lines_are_capped() -> None:
 
 def test_splitter_holds_partial_lines_until_complete() -> None:
     splitter = LineSplitter()
-    assert splitter.feed(b"ab") == []
-    assert splitter.feed(b"c\nde") == ["abc"]
-    assert splitter.feed("\u00e9\n".encode()[:1]) == []
-    assert splitter.feed("\u00e9\n".encode()[1:]) == ["de\u00e9"]
-    assert splitter.feed(b"tail") == []
-    assert splitter.flush() == ["tail"]
-    assert splitter.flush() == []
+    assert splitter.split(b"ab") is None
+    assert splitter.split(b"c\nde") == b"abc"
+    assert splitter.split("\u00e9\n".encode()[:1]) is None
+    assert sanitize_block(splitter.split("\u00e9\n".encode()[1:]) or b"") == ["de\u00e9"]
+    assert splitter.split(b"tail") is None
+    assert splitter.flush() == b"tail"
+    assert splitter.flush() is None
 
 
 def test_progress_bar_redraws_keep_only_the_latest_state() -> None:
     splitter = LineSplitter()
     for step in range(1, 1000):
-        assert splitter.feed(f"\r{step}/999 [".encode()) == []
+        assert splitter.split(f"\r{step}/999 [".encode()) is None
     assert splitter.partial() == "999/999 ["
-    assert splitter.feed(b"\n") == ["999/999 ["]
+    assert splitter.split(b"\n") == b"999/999 ["
     assert splitter.partial() is None
 
 
@@ -60,4 +60,4 @@ def test_progress_bar_redraws_keep_only_the_latest_state() -> None:
 def test_a_chunk_gives_the_same_lines_as_line_by_line(chunk: bytes) -> None:
     """The whole-chunk fast path may never show anything sanitize_line would not."""
     expected = [sanitize_line(part.decode("utf-8", "replace")) for part in chunk.split(b"\n")[:-1]]
-    assert LineSplitter().feed(chunk) == expected
+    assert sanitize_block(LineSplitter().split(chunk) or b"") == expected

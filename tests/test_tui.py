@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,16 @@ def make(state: str, tmp_path: Path | None = None) -> tuple[SupervisorApp, Scrip
         save.mkdir(exist_ok=True)
     app, run, prepare = scripted_app(state, envelope_dir=tmp_path, save_directory=save)
     return app, run, prepare
+
+
+def feed(app: SupervisorApp, run: ScriptedRun, rank: int, lines: Iterable[str]) -> None:
+    """One output event from ``rank``, then one log flush: what the 10 Hz timer would do."""
+    run.emit(ev.RankOutput.of(rank, "stdout", tuple(lines)))
+    app.flush_logs()
+
+
+def bottom_line(pane: LogPane) -> str:
+    return pane.render_line(pane.scrollable_content_region.height - 1).text
 
 
 def panel_text(app: SupervisorApp) -> str:
@@ -185,25 +195,21 @@ async def test_scrolling_up_pauses_the_log_and_the_end_resumes_it() -> None:
     async with app.run_test(size=SIZE) as pilot:
         await prepare(pilot)
         pane = app.query_one(LogPane)
-        run.emit(ev.RankOutput.of(0, "stdout", tuple(f"old {i}" for i in range(300))))
-        app.flush_logs()
+        feed(app, run, 0, (f"old {i}" for i in range(300)))
         pane.focus()
         await pilot.pause()
         await pilot.press("pageup")
         assert "paused" in title() and not pane.auto_scroll
         top = pane.render_line(0).text
-        run.emit(ev.RankOutput.of(1, "stdout", ("new line",)))
-        app.flush_logs()
+        feed(app, run, 1, ["new line"])
         await pilot.pause()
         assert pane.render_line(0).text == top  # the reader's page stays still
         await pilot.press("end")
         assert "following" in title() and pane.auto_scroll
-        run.emit(ev.RankOutput.of(1, "stdout", ("newest line",)))
-        app.flush_logs()
+        feed(app, run, 1, ["newest line"])
         await pilot.pause()
         assert pane.is_vertical_scroll_end
-        bottom = pane.render_line(pane.scrollable_content_region.height - 1).text
-        assert bottom.startswith("[rank 1] newest line"), bottom
+        assert bottom_line(pane).startswith("[rank 1] newest line"), bottom_line(pane)
 
 
 async def test_log_pane_edges_scroll_selection_resize_and_view_switch() -> None:
@@ -215,8 +221,7 @@ async def test_log_pane_edges_scroll_selection_resize_and_view_switch() -> None:
         await prepare(pilot)
         pane = app.query_one(LogPane)
         # Switching view after scrolling right along long lines starts at column 0 again.
-        run.emit(ev.RankOutput.of(0, "stdout", tuple("x" * 300 for _ in range(5))))
-        app.flush_logs()
+        feed(app, run, 0, ["x" * 300] * 5)
         pane.scroll_to(x=200, animate=False, immediate=True)
         await pilot.press("a")
         assert pane.scroll_x == 0
@@ -230,8 +235,7 @@ async def test_log_pane_edges_scroll_selection_resize_and_view_switch() -> None:
         app.screen.selections = {pane: Selection(Offset(0, 2), Offset(5, 3))}
         assert pane.text_selection is not None
         for flush in range(25):
-            run.emit(ev.RankOutput.of(1, "stdout", tuple(f"p{flush}-{i}" for i in range(900))))
-            app.flush_logs()
+            feed(app, run, 1, (f"p{flush}-{i}" for i in range(900)))
         await pilot.pause()
         assert pane.text_selection is None
         # A pane that shrinks while following keeps the newest line at its bottom.
@@ -247,7 +251,7 @@ async def test_raw_hostile_chunk_shows_as_plain_text() -> None:
     app, run, prepare = make("running")
     async with app.run_test(size=SIZE) as pilot:
         await prepare(pilot)
-        run.emit(ev.RankOutput(2, "stdout", raw, raw.count(b"\n") + 1))
+        run.emit(ev.RankOutput(2, "stdout", raw))
         app.refresh_table()
         app.flush_logs()
         await pilot.pause()
@@ -306,17 +310,14 @@ async def test_log_growth_never_reflows_the_screen(monkeypatch: pytest.MonkeyPat
         monkeypatch.setattr(Screen, "_refresh_layout",
                             lambda screen, *a, **k: layouts.append(a) or original(screen, *a, **k))
         for flush in range(30):
-            run.emit(ev.RankOutput.of(flush % 8, "stdout", tuple(f"flush {flush} line {i}" for i in
-                                                              range(900))))
-            app.flush_logs()
+            feed(app, run, flush % 8, (f"flush {flush} line {i}" for i in range(900)))
             await pilot.pause()
         assert layouts == []
         assert len(pane.lines) == pane.max_lines
         assert pane.virtual_size.height == pane.max_lines
         assert pane.vertical_scrollbar.window_virtual_size == pane.max_lines
         assert pane.is_vertical_scroll_end
-        bottom = pane.render_line(pane.scrollable_content_region.height - 1).text
-        assert bottom.startswith("[rank 5] flush 29 line 899"), bottom
+        assert bottom_line(pane).startswith("[rank 5] flush 29 line 899"), bottom_line(pane)
 
 
 async def test_a_paused_log_keeps_its_lines_in_view() -> None:
@@ -325,15 +326,13 @@ async def test_a_paused_log_keeps_its_lines_in_view() -> None:
         await prepare(pilot)
         pane = app.query_one(LogPane)
         for flush in range(25):
-            run.emit(ev.RankOutput.of(0, "stdout", tuple(f"a{flush}-{i}" for i in range(900))))
-            app.flush_logs()
+            feed(app, run, 0, (f"a{flush}-{i}" for i in range(900)))
         await pilot.press("f")  # pause
         pane.scroll_to(y=pane.max_scroll_y - 5000, animate=False, immediate=True)
         await pilot.pause()
         top = pane.render_line(0).text
         for flush in range(3):  # 2700 more lines: 2700 of the oldest go
-            run.emit(ev.RankOutput.of(1, "stdout", tuple(f"b{flush}-{i}" for i in range(900))))
-            app.flush_logs()
+            feed(app, run, 1, (f"b{flush}-{i}" for i in range(900)))
         await pilot.pause()
         assert pane.render_line(0).text == top
         assert pane.lines[-1] == "[rank 1] b2-899"

@@ -44,15 +44,18 @@ class RankOutput:
     rank: int
     stream: Stream
     raw: bytes
-    count: int  # lines in raw
 
     @classmethod
     def of(cls, rank: int, stream: Stream, lines: Sequence[str]) -> RankOutput:
         """An event from lines already in hand (scripted runs, tests)."""
         if not lines:
             raise ValueError("an output event has at least one line")
-        raw = "\n".join(lines).encode()
-        return cls(rank, stream, raw, raw.count(b"\n") + 1)
+        return cls(rank, stream, "\n".join(lines).encode())
+
+    @cached_property
+    def count(self) -> int:
+        """Lines in the chunk, counted without decoding it."""
+        return self.raw.count(b"\n") + 1
 
     @cached_property
     def lines(self) -> tuple[str, ...]:

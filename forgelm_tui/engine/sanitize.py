@@ -75,24 +75,15 @@ class LineSplitter:
             self._pending = b""
         return block
 
-    def feed(self, chunk: bytes) -> list[str]:
-        """:meth:`split`, sanitised."""
-        block = self.split(chunk)
-        return [] if block is None else sanitize_block(block)
-
     def partial(self) -> str | None:
         """The line being redrawn with ``\r`` (a progress bar), as it shows now."""
         if not self._pending:
             return None
         return sanitize_line(self._pending.decode("utf-8", "replace"))
 
-    def flush_raw(self) -> bytes | None:
+    def flush(self) -> bytes | None:
         """The partial last line at end of stream, if any."""
         if not self._pending:
             return None
         rest, self._pending = self._pending, b""
         return rest
-
-    def flush(self) -> list[str]:
-        rest = self.flush_raw()
-        return [] if rest is None else [sanitize_line(rest.decode("utf-8", "replace"))]

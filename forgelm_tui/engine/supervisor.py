@@ -234,7 +234,7 @@ class Supervisor:
             data = b""
         if not data:
             self._close_stream(fd)
-            self._deliver(record, stream, splitter.flush_raw())
+            self._deliver(record, stream, splitter.flush())
             self._check_finished()
             return
         _write_all(self._log_fds[fd], data)
@@ -256,7 +256,7 @@ class Supervisor:
         wants every line sanitised asks the event for them (see RankOutput)."""
         if block is None:
             return
-        output = ev.RankOutput(record.rank, stream, block, block.count(b"\n") + 1)
+        output = ev.RankOutput(record.rank, stream, block)
         record.last_line = output.last_line
         if stream == "stderr":
             record.stderr_tail.extend(output.tail(STDERR_TAIL_LINES))
