@@ -6,7 +6,7 @@ Runs b's ranks (2 x ranks/waiter.py; rank 1 exits 2 once both are ready) under f
 --no-tui, in-process (``--inner``) with timestamps (time.time) added at:
 
   select   every return of the event loop's epoll ``select`` with something ready
-  on_exit  entry of ``Supervisor._on_exit`` (the rank's pidfd was readable)
+  on_exit  entry of ``Supervisor._on_exit`` (the rank's pidfd was readable and reaped)
   killpg   return of ``signal_group`` (the SIGTERM to rank 0's group has been sent)
   sample   start and end of each ``RankSampler.sample`` (the psutil reads, in a worker thread)
 
@@ -36,7 +36,7 @@ def inner(trace_path: Path, args: list[str]) -> None:
     """Run forgelm-tui's CLI in this process with the timestamps added; write them at the end."""
     import selectors
 
-    from forgelm_tui.engine import sampler, supervisor
+    from forgelm_tui.engine import processes, sampler, supervisor
 
     trace: dict[str, list[Any]] = {"select": [], "on_exit": [], "killpg": [], "sample": []}
     select = selectors.EpollSelector.select
@@ -49,11 +49,11 @@ def inner(trace_path: Path, args: list[str]) -> None:
 
     on_exit = supervisor.Supervisor._on_exit
 
-    def traced_on_exit(self: supervisor.Supervisor, record: Any, pidfd: int | None) -> None:
+    def traced_on_exit(self: supervisor.Supervisor, record: Any, returncode: int) -> None:
         trace["on_exit"].append([time.time(), record.rank])
-        on_exit(self, record, pidfd)
+        on_exit(self, record, returncode)
 
-    signal_group = getattr(supervisor, "signal_group")  # noqa: B009 (patched below)
+    signal_group = getattr(processes, "signal_group")  # noqa: B009 (patched below)
 
     def traced_signal_group(pgid: int, sig: int) -> bool:
         sent = bool(signal_group(pgid, sig))
@@ -72,7 +72,7 @@ def inner(trace_path: Path, args: list[str]) -> None:
     # Monkeypatching: setattr, as none of this is meant to type-check.
     setattr(selectors.EpollSelector, "select", traced_select)  # noqa: B010
     setattr(supervisor.Supervisor, "_on_exit", traced_on_exit)  # noqa: B010
-    setattr(supervisor, "signal_group", traced_signal_group)  # noqa: B010
+    setattr(processes, "signal_group", traced_signal_group)  # noqa: B010
     setattr(sampler.RankSampler, "sample", traced_sample)  # noqa: B010
     from forgelm_tui import cli
 

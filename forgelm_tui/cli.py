@@ -1,229 +1,17 @@
-"""The command line: torchrun's spellings, ForgeLM mode, the demo; builds a plan and runs it."""
+"""The console script: argv -> a checked plan -> a view -> the run's true exit code."""
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import secrets
-import signal
-import socket
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
 
-from forgelm_tui import __version__
-
-FORGELM_MODULES = ("forgelm", "forgelm.cli")
-DEFAULT_RUN_ROOT = "forgelm-tui-runs"
-DEMO_MODULE = "forgelm_tui.demo.train"
-
-
-class UsageError(Exception):
-    """Bad input from the operator: reported in one line, exit 1, no rank started."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(message)
-
-
-EPILOG = """\
-forms:
-  forgelm-tui [options] --config job.yaml [forgelm args]   ForgeLM: python -m forgelm.cli ...
-  forgelm-tui [options] forgelm --config job.yaml ...      the same (ForgeLM's template form)
-  forgelm-tui [options] train.py [args]                    a script, as torchrun runs it
-  forgelm-tui [options] -m package.module [args]           a module, as torchrun -m
-  forgelm-tui [options] --no-python program [args]         any executable
-  forgelm-tui demo [options] [demo options]                a small CPU DDP run (gloo)
-
-exit codes: the run's true code (ForgeLM's contract: 0 success, 1 config error, 2 training
-error, 3 gate failed, 4 awaiting approval, 5 wizard cancelled, 6 integrity failure).
-A JSON envelope describing the run is written to the run directory.
-"""
-
-
-def _add_launch_options(parser: argparse.ArgumentParser) -> None:
-    tr = parser.add_argument_group("torchrun-compatible options")
-    tr.add_argument("--nproc-per-node", "--nproc_per_node", dest="nproc_per_node",
-                    metavar="N", help="ranks on this node: a number, 'cpu' or 'auto'")
-    tr.add_argument("--nnodes", default="1", help="nodes (only 1 for now)")
-    tr.add_argument("--node-rank", "--node_rank", dest="node_rank", default="0",
-                    help="this node's rank (only 0 for now)")
-    tr.add_argument("--master-addr", "--master_addr", dest="master_addr", default="127.0.0.1")
-    tr.add_argument("--master-port", "--master_port", dest="master_port",
-                    help="rendezvous port (default: a free port)")
-    tr.add_argument("--standalone", action="store_true", help="single node, free port")
-    tr.add_argument("--run-path", "--run_path", dest="run_path", action="store_true",
-                    help="accepted for torchrun compatibility; the script runs as with python")
-    tr.add_argument("-m", "--module", action="store_true", help="run a module, as python -m")
-    tr.add_argument("--no-python", "--no_python", dest="no_python", action="store_true",
-                    help="run the program directly, not through python")
-    tr.add_argument("--max-restarts", "--max_restarts", dest="max_restarts", default="0",
-                    help="only 0: a failed run is reported, not restarted")
-    for spelling in ("rdzv-backend", "rdzv-endpoint", "rdzv-id", "rdzv-conf", "log-dir",
-                     "start-method", "role", "monitor-interval", "local-ranks-filter",
-                     "local-addr", "logs-specs"):
-        tr.add_argument(f"--{spelling}", f"--{spelling.replace('-', '_')}",
-                        dest=f"ignored_{spelling.replace('-', '_')}", help=argparse.SUPPRESS)
-    tr.add_argument("-r", "--redirects", dest="ignored_redirects", help=argparse.SUPPRESS)
-    tr.add_argument("-t", "--tee", dest="ignored_tee", help=argparse.SUPPRESS)
-
-    own = parser.add_argument_group("forgelm-tui options")
-    own.add_argument("--grace", type=float, default=30.0, metavar="S",
-                     help="SIGTERM -> SIGKILL wait when stopping, in seconds (default 30)")
-    own.add_argument("--drain", type=float, default=60.0, metavar="S",
-                     help="after rank 0 ends with an outcome, how long the others may take "
-                          "(default 60)")
-    own.add_argument("--stall-timeout", type=float, default=None, metavar="S",
-                     help="stop with code 2 when no rank shows progress for S seconds (off)")
-    own.add_argument("--run-dir", type=Path, default=None, metavar="DIR",
-                     help=f"logs and envelope (default ./{DEFAULT_RUN_ROOT}/RUN_ID)")
-    own.add_argument("--envelope", type=Path, default=None, metavar="PATH",
-                     help="also write the JSON envelope here")
-    view = own.add_mutually_exclusive_group()
-    view.add_argument("--no-tui", dest="tui", action="store_false", default=None,
-                      help="plain rank-prefixed lines (default when not a terminal or CI set)")
-    view.add_argument("--tui", dest="tui", action="store_true", help="the interactive view")
-    own.add_argument("--output-format", choices=("text", "json"), default="text",
-                     help="json: print the envelope, and only it, on stdout")
-    own.add_argument("--exit-contract", choices=("forgelm", "raw"), default="forgelm",
-                     help="forgelm: codes outside 0..6 become 2; raw: keep them, 128+N for "
-                          "a signal")
-    own.add_argument("--forward-signals", default="SIGUSR1,SIGUSR2", metavar="LIST",
-                     help="signals passed to every rank without stopping (or 'none')")
-    graceful = own.add_mutually_exclusive_group()
-    graceful.add_argument("--graceful", dest="graceful", action="store_true", default=None,
-                          help="run Python ranks so that SIGTERM raises an exception in the "
-                               "main thread (cleanup runs); default on in ForgeLM mode")
-    graceful.add_argument("--no-graceful", dest="graceful", action="store_false",
-                          help="leave SIGTERM as the program handles it")
-    own.add_argument("--version", action="version", version=f"forgelm-tui {__version__}")
-
-
-def build_parser(demo: bool = False) -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog="forgelm-tui demo" if demo else "forgelm-tui",
-        description="Launch torch.distributed ranks like torchrun, watch them, stop them "
-                    "together, and exit with the run's true code.",
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        allow_abbrev=False,
-    )
-    _add_launch_options(parser)
-    if demo:
-        from forgelm_tui.demo.options import add_demo_options
-
-        add_demo_options(parser)
-    return parser
-
-
-@dataclass
-class Target:
-    mode: str  # forgelm | script | module | program | demo
-    args: list[str]  # the target and its arguments, as typed
-    options: list[str] = field(default_factory=list)  # supervisor options
-
-
-def split_argv(argv: Sequence[str], parser: argparse.ArgumentParser) -> tuple[list[str], Target]:
-    """Split supervisor options from the target, the way torchrun does (first positional)."""
-    takes_value = {
-        opt: action.nargs != 0
-        for action in parser._actions
-        for opt in action.option_strings
-    }
-    index = 0
-    while index < len(argv):
-        token = argv[index]
-        if token == "--":
-            return list(argv[:index]), _target(list(argv[index + 1 :]))
-        if token == "--config" or token.startswith("--config="):
-            return list(argv[:index]), Target("forgelm", ["forgelm", *argv[index:]])
-        if not token.startswith("-") or token == "-":
-            return list(argv[:index]), _target(list(argv[index:]))
-        name = token.split("=", 1)[0]
-        if takes_value.get(name) and "=" not in token:
-            index += 1
-        index += 1
-    return list(argv), Target("none", [])
-
-
-def _target(rest: list[str]) -> Target:
-    if not rest:
-        return Target("none", [])
-    if rest[0] == "demo":
-        return Target("demo", rest)
-    return Target("script", rest)
-
-
-def parse_count(text: str | None, what: str, default: int) -> int:
-    if text is None:
-        return default
-    if text in ("cpu", "auto"):
-        return os.cpu_count() or 1
-    if text == "gpu":
-        gpus = _gpu_count()
-        if gpus == 0:
-            raise UsageError(f"{what} gpu: no GPU found on this machine")
-        return gpus
-    try:
-        value = int(text)
-    except ValueError:
-        raise UsageError(f"{what} must be a whole number, got {text!r}") from None
-    if value < 1:
-        raise UsageError(f"{what} must be at least 1, got {value}")
-    return value
-
-
-def _gpu_count() -> int:
-    try:
-        return len(os.listdir("/proc/driver/nvidia/gpus"))
-    except OSError:
-        return 0
-
-
-def parse_signals(text: str) -> tuple[int, ...]:
-    if text.strip().lower() in ("", "none"):
-        return ()
-    result = []
-    for name in text.split(","):
-        name = name.strip().upper()
-        full = name if name.startswith("SIG") else f"SIG{name}"
-        try:
-            sig = signal.Signals[full]
-        except KeyError:
-            raise UsageError(f"--forward-signals: unknown signal {name!r}") from None
-        if sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGKILL, signal.SIGSTOP):
-            raise UsageError(f"--forward-signals: {full} stops the run; it cannot be forwarded")
-        result.append(int(sig))
-    return tuple(result)
-
-
-def check_port(addr: str, port_text: str | None) -> int:
-    """The rendezvous port: the one given if it is free, else a free one."""
-    if port_text is None:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind((addr if addr not in ("localhost",) else "127.0.0.1", 0))
-            port: int = sock.getsockname()[1]
-            return port
-    try:
-        port = int(port_text)
-    except ValueError:
-        raise UsageError(f"--master-port must be a number, got {port_text!r}") from None
-    if not 0 < port < 65536:
-        raise UsageError(f"--master-port must be 1..65535, got {port}")
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("" if addr in ("127.0.0.1", "localhost") else addr, port))
-        except OSError as exc:
-            raise UsageError(
-                f"--master-port {port}: cannot listen on {addr}:{port} ({exc.strerror}); "
-                "is another job using it?"
-            ) from None
-    return port
+from forgelm_tui.options import UsageError
+from forgelm_tui.plan import Planner
+from forgelm_tui.run import execute, prelaunch_error, stderr_line
 
 
 def new_run_id() -> str:
@@ -244,9 +32,6 @@ def entry() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from forgelm_tui.plan import Planner
-    from forgelm_tui.run import execute, prelaunch_error, stderr_line
-
     args = list(sys.argv[1:] if argv is None else argv)
     planner = Planner(args, new_run_id())
     try:

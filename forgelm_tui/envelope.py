@@ -9,48 +9,20 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import tempfile
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from forgelm_tui import __version__
-from forgelm_tui.engine.records import CancelRequest, Purpose, RankRecord, StopRecord
-from forgelm_tui.verdict import Contract, Verdict
+from forgelm_tui.engine.records import CancelRequest, RankRecord, StopRecord
+from forgelm_tui.plan import RunInfo
+from forgelm_tui.signames import signal_name
+from forgelm_tui.verdict import Verdict
 
 SCHEMA = "forgelm-tui/envelope/v1"
 ERROR_TAIL_LINES = 20
-
-
-@dataclass
-class RunInfo:
-    """The run-level facts the envelope needs, whether or not any rank ever started."""
-
-    run_id: str
-    command: Sequence[str]  # forgelm-tui's own command line
-    mode: str  # forgelm | script | module | program | demo | unknown
-    contract: Contract
-    rank_argv: Sequence[str] = ()
-    world_size: int = 0
-    nproc_per_node: int = 0
-    nnodes: int = 1
-    node_rank: int = 0
-    master_addr: str | None = None
-    master_port: int | None = None
-    run_dir: str | None = None
-    started_at: float | None = None
-    ended_at: float | None = None
-    grace: float | None = None
-    drain: float | None = None
-    stall_timeout: float | None = None
-    graceful: bool = False
-    error: str | None = None  # pre-launch error, one line
-    job_config: str | None = None
-    last_exit_path: str | None = None
-    envelope_paths: list[str] = field(default_factory=list)
 
 
 def iso(ts: float | None) -> str | None:
@@ -62,12 +34,7 @@ def iso(ts: float | None) -> str | None:
 
 
 def _sig_name(sig: int | None) -> str | None:
-    if sig is None:
-        return None
-    try:
-        return signal.Signals(sig).name
-    except ValueError:
-        return f"SIG{sig}"
+    return None if sig is None else signal_name(sig)
 
 
 def _verdict_dict(verdict: Verdict) -> dict[str, Any]:
@@ -119,7 +86,7 @@ def rank_dict(
         for s in record.signals_sent
     ]
     first_stop = next(
-        (s for s in record.signals_sent if s.purpose in (Purpose.STOP, Purpose.KILL)), None
+        (s for s in record.signals_sent if s.purpose.stops), None
     )
     return {
         "rank": record.rank,
@@ -152,7 +119,8 @@ def rank_dict(
         else None,
         "stopped_at_step": record.stopped_step,
         "reported_signal": record.reported_signal,
-        "stopped_from_outside": record.stopped_from_outside,
+        "stopped_from_outside": record.foreign_stop,
+        "forwarded_death": record.forwarded_death,
         "stderr_tail": list(record.stderr_tail)[-ERROR_TAIL_LINES:] if failed else None,
         "error": _error_file(record.error_file) if failed else None,
         "forgelm_result": result,
@@ -189,6 +157,7 @@ def build(
             "signal": _sig_name(cancel.signal),
             "at": iso(cancel.at),
             "requests": len(cancels),
+            "source": cancel.source.value,
         }
         if cancel
         else None,
@@ -199,6 +168,7 @@ def build(
             "at": iso(stop.at),
             "grace_s": info.grace,
             "killed_at": iso(stop.killed_at),
+            "signal": _sig_name(stop.signal),
         }
         if stop
         else None,
@@ -222,6 +192,11 @@ def build(
         "started_at": iso(info.started_at),
         "ended_at": iso(info.ended_at),
         "duration_s": duration,
+        "cancel_requests": [
+            {"source": c.source.value, "by": c.origin, "signal": _sig_name(c.signal),
+             "at": iso(c.at), "effect": c.effect}
+            for c in cancels
+        ],
         "root_cause_rank": verdict.deciding_rank if verdict.rule == 2 else None,
         "outside_signal": _outside_signal(ranks),
         "result": results.get(0),
@@ -235,16 +210,16 @@ def build(
 
 def _outside_signal(records: Sequence[RankRecord]) -> dict[str, Any] | None:
     """The rank that first reported a stop signal the supervisor had not sent, if any."""
-    outside = [r for r in records if r.stopped_from_outside and r.reported_at is not None]
+    outside = [r for r in records if r.foreign_stop and r.reported_mono is not None]
     if not outside:
         return None
-    first = min(outside, key=lambda r: (r.reported_at or 0.0, r.rank))
+    first = min(outside, key=lambda r: (r.reported_mono or 0.0, r.rank))
     return {"rank": first.rank, "signal": first.reported_signal,
             "ranks": sorted(r.rank for r in outside)}
 
 
 def _failed(record: RankRecord) -> bool:
-    return record.ended_mono is not None and record.outcome().failed_on_own
+    return record.ended_mono is not None and record.ending().failed_on_own
 
 
 def write_atomic(path: Path, envelope: dict[str, Any]) -> None:

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import collections
 import os
-import signal
 import threading
 import time
 from collections.abc import Iterable
 
 from forgelm_tui.engine import events as ev
+from forgelm_tui.engine.events import RankState
 from forgelm_tui.engine.records import RankRecord
+from forgelm_tui.signames import signal_name
 from forgelm_tui.verdict import Verdict, describe
 
 PREFIX = "[forgelm-tui]"
@@ -104,7 +105,7 @@ class HeadlessView:
 
     def __init__(self, sink: OutputSink) -> None:
         self._sink = sink
-        self._quiet: set[int] = set()
+        self._output_age: dict[int, float] = {}
         self._last_countdown: int | None = None
 
     def note(self, message: str) -> None:
@@ -120,10 +121,9 @@ class HeadlessView:
             case ev.RankStarted(rank=rank, pid=pid):
                 self.note(f"rank {rank} started (pid {pid})")
             case ev.RankExited(rank=rank, exit_code=code, signal=sig):
-                self._quiet.discard(rank)
                 self.note(f"rank {rank} {_ending(code, sig)}")
-            case ev.RankSignalled(rank=rank, signal=sig, reason=reason):
-                self.note(f"rank {rank} <- {signal.Signals(sig).name} ({reason})")
+            case ev.RankSignalled(rank=rank, signal=sig, purpose=purpose, reason=reason):
+                self.note(f"rank {rank} <- {signal_name(sig)} ({purpose.value}: {reason})")
             case ev.RunStopping(reason=reason, grace=grace, live_ranks=live):
                 self._last_countdown = None
                 if live:
@@ -135,20 +135,19 @@ class HeadlessView:
                     self.note(f"stopping: {reason}")
             case ev.StopCountdown(seconds_left=left, live_ranks=live):
                 self._countdown(left, live)
-            case ev.RankSampled(rank=rank, quiet=quiet, output_age=age):
-                if quiet and rank not in self._quiet:
-                    self._quiet.add(rank)
-                    self.note(f"rank {rank} is quiet (no output for {age:.0f} s, no CPU use)")
-                elif not quiet:
-                    self._quiet.discard(rank)
+            case ev.RankSampled(rank=rank, output_age=age):
+                self._output_age[rank] = age
+            case ev.RankStateChanged(rank=rank, state=RankState.QUIET):
+                age = self._output_age.get(rank, 0.0)
+                self.note(f"rank {rank} is quiet (no output for {age:.0f} s, no CPU use)")
             case ev.RunStalled(seconds=seconds, ranks=ranks):
                 self.note(f"stalled: no progress from rank(s) {_ranks(ranks)} for {seconds:g} s")
-            case ev.RankReportedStop(rank=rank, signal=sig, outside=True, step=step):
+            case ev.RankReportedStop(rank=rank, signal=sig, foreign=True, step=step):
                 where = f" (stopped at step {step})" if step is not None else ""
                 self.note(f"rank {rank} reported {sig} from outside forgelm-tui{where}: "
                           "the run is not complete, whatever the ranks exit with")
             case ev.SignalForwarded(signal=sig, ranks=ranks):
-                self.note(f"{signal.Signals(sig).name} forwarded to rank(s) {_ranks(ranks)}")
+                self.note(f"{signal_name(sig)} forwarded to rank(s) {_ranks(ranks)}")
             case _:
                 pass
 
@@ -175,7 +174,7 @@ def _ranks(ranks: Iterable[int]) -> str:
 
 def _ending(code: int | None, sig: int | None) -> str:
     if sig is not None:
-        return f"killed by {signal.Signals(sig).name}"
+        return f"killed by {signal_name(sig)}"
     assert code is not None
     return f"exited with {code} {describe(code)[0]}"
 
@@ -199,7 +198,7 @@ def summary_text(
     header = ("rank", "pid", "state", "exit", "signal", "sent by supervisor", "step", "time")
     rows = [header]
     for r in sorted(records, key=lambda r: r.rank):
-        sent = next((s for s in r.signals_sent if s.purpose.value in ("stop", "kill")), None)
+        sent = next((s for s in r.signals_sent if s.purpose.stops), None)
         last = r.signals_sent[-1] if r.signals_sent else None
         rows.append(
             (
@@ -207,8 +206,8 @@ def summary_text(
                 str(r.pid or "-"),
                 r.state.value,
                 "-" if r.exit_code is None else str(r.exit_code),
-                signal.Signals(r.signal).name if r.signal else "-",
-                f"{signal.Signals(last.signal).name}: {sent.reason}"
+                signal_name(r.signal) if r.signal else "-",
+                f"{signal_name(last.signal)}: {sent.reason}"
                 if sent and last
                 else "-",
                 _step(r),

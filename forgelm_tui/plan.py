@@ -7,9 +7,13 @@ import importlib.util
 import os
 import shutil
 import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from forgelm_tui.cli import (
+from forgelm_tui.engine.spec import LaunchSpec
+from forgelm_tui.forgelm_mode import JobConfigError, find_config_arg, read_job_config
+from forgelm_tui.options import (
     DEFAULT_RUN_ROOT,
     DEMO_MODULE,
     FORGELM_MODULES,
@@ -21,11 +25,48 @@ from forgelm_tui.cli import (
     parse_signals,
     split_argv,
 )
-from forgelm_tui.engine.spec import LaunchSpec
-from forgelm_tui.envelope import RunInfo
-from forgelm_tui.forgelm_mode import JobConfigError, find_config_arg, read_job_config
-from forgelm_tui.run import Plan
 from forgelm_tui.verdict import Contract
+
+
+@dataclass
+class RunInfo:
+    """The run-level facts the envelope needs, whether or not any rank ever started."""
+
+    run_id: str
+    command: Sequence[str]  # forgelm-tui's own command line
+    mode: str  # forgelm | script | module | program | demo | unknown
+    contract: Contract
+    rank_argv: Sequence[str] = ()
+    world_size: int = 0
+    nproc_per_node: int = 0
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str | None = None
+    master_port: int | None = None
+    run_dir: str | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    grace: float | None = None
+    drain: float | None = None
+    stall_timeout: float | None = None
+    graceful: bool = False
+    error: str | None = None  # pre-launch error, one line
+    job_config: str | None = None
+    last_exit_path: str | None = None
+    envelope_paths: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Plan:
+    """What the CLI decided: the launch spec plus how to report the run."""
+
+    spec: LaunchSpec
+    info: RunInfo
+    contract: Contract = Contract.FORGELM
+    output_format: str = "text"  # text | json
+    view: str = "headless"  # headless | tui
+    envelope_paths: list[Path] = field(default_factory=list)
+    forgelm_mode: bool = False
 
 
 class Planner:

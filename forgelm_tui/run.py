@@ -8,39 +8,20 @@ import json
 import signal
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from forgelm_tui import envelope as env_mod
+from forgelm_tui.ending import RunEnding
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.guardian import Guardian
-from forgelm_tui.engine.spec import LaunchSpec
+from forgelm_tui.engine.records import CancelSource
 from forgelm_tui.engine.supervisor import Supervisor
 from forgelm_tui.forgelm_mode import extract_result
 from forgelm_tui.headless import HeadlessView, OutputSink
-from forgelm_tui.verdict import Contract, StopFacts, Verdict, decide, prelaunch_failure
-
-
-@dataclass
-class Plan:
-    """What the CLI decided: the launch spec plus how to report the run."""
-
-    spec: LaunchSpec
-    info: env_mod.RunInfo
-    contract: Contract = Contract.FORGELM
-    output_format: str = "text"  # text | json
-    view: str = "headless"  # headless | tui
-    envelope_paths: list[Path] = field(default_factory=list)
-    forgelm_mode: bool = False
-
-
-@dataclass
-class Outcome:
-    verdict: Verdict
-    envelope: dict[str, Any]
-    envelope_path: str | None
-    write_errors: list[str]
+from forgelm_tui.plan import Plan, RunInfo
+from forgelm_tui.verdict import RankEnding, StopFacts, Verdict, decide, prelaunch_failure
 
 
 class RunReport:
@@ -49,6 +30,7 @@ class RunReport:
     def __init__(self, plan: Plan, supervisor: Supervisor) -> None:
         self.plan = plan
         self.supervisor = supervisor
+        self.ending: RunEnding | None = None
 
     def on_event(self, event: ev.Event) -> None:
         if isinstance(event, ev.RunStopping):
@@ -59,8 +41,10 @@ class RunReport:
         if sup.launch_error is not None:
             return prelaunch_failure()
         stop = StopFacts(sup.stop.kind, sup.stop.signal) if sup.stop else None
-        outcomes = [r.outcome() for r in sup.records.values()]
-        return decide(outcomes, stop, self.plan.contract)
+        endings = [r.ending() for r in sup.records.values() if r.pid is not None]
+        if not endings and sup.stop is not None:  # cancelled before any rank started
+            endings = [RankEnding(0, None, sup.stop.signal, 0.0, signalled_first=True)]
+        return decide(endings, stop, self.plan.contract)
 
     def _results(self) -> dict[int, dict[str, Any]]:
         if not self.plan.forgelm_mode:
@@ -96,11 +80,13 @@ class RunReport:
     def _write(self, envelope: dict[str, Any]) -> list[str]:
         return env_mod.write_all(self.plan.envelope_paths, envelope)
 
-    def final(self) -> Outcome:
+    def final(self) -> RunEnding:
         envelope = self._build(provisional=False)
         errors = self._write(envelope)
         path = str(self.plan.envelope_paths[0]) if self.plan.envelope_paths else None
-        return Outcome(self.verdict(), envelope, path, errors)
+        self.ending = RunEnding(self.verdict(), envelope, path, tuple(errors))
+        self.supervisor.emit(ev.VerdictReached(self.ending.verdict, path))
+        return self.ending
 
 
 def _provisional_verdict(verdict: Verdict) -> Verdict:
@@ -109,10 +95,10 @@ def _provisional_verdict(verdict: Verdict) -> Verdict:
 
 
 class Session:
-    """One run as a view sees it: events to subscribe to, commands, and the outcome at the end.
+    """One run as a view sees it: events to subscribe to, commands, and the ending.
 
     Both views drive the same Session; tests of the TUI drive a scripted stand-in with the
-    same surface.
+    same surface (tests/scripted.py).
     """
 
     def __init__(self, plan: Plan, guardian: Guardian | None = None) -> None:
@@ -120,7 +106,10 @@ class Session:
         self.supervisor = Supervisor(plan.spec, guardian=guardian)
         self.report = RunReport(plan, supervisor=self.supervisor)
         self.supervisor.subscribe(self.report.on_event)
-        self.outcome: Outcome | None = None
+
+    @property
+    def ending(self) -> RunEnding | None:
+        return self.report.ending
 
     @property
     def run_id(self) -> str:
@@ -141,8 +130,17 @@ class Session:
     def subscribe(self, listener: Callable[[ev.Event], None]) -> None:
         self.supervisor.subscribe(listener)
 
-    def request_cancel(self, origin: str = "operator", sig: int = signal.SIGINT) -> None:
-        self.supervisor.request_cancel(origin, sig)
+    def snapshot(self) -> ev.RunSnapshot:
+        snap = self.supervisor.snapshot()
+        ending = self.report.ending
+        if ending is None:
+            return snap
+        return replace(snap, verdict=ev.VerdictReached(ending.verdict, ending.envelope_path))
+
+    def request_cancel(self, origin: str = "operator", sig: int = signal.SIGINT, *,
+                       source: CancelSource = CancelSource.OPERATOR,
+                       cause: str | None = None) -> str:
+        return self.supervisor.request_cancel(origin, sig, source=source, cause=cause)
 
     def kill_now(self, origin: str = "operator") -> None:
         self.supervisor.kill_now(origin)
@@ -150,24 +148,22 @@ class Session:
     def forward(self, sig: int) -> None:
         self.supervisor.forward(sig)
 
-    def cancelled_from_outside(self) -> bool:
+    def cancelled_by_signal(self) -> bool:
         """The stop came from a signal to the supervisor (a scheduler), not from a person."""
         cancels = self.supervisor.cancels
-        return bool(cancels) and cancels[0].origin.endswith("to the supervisor")
+        return bool(cancels) and cancels[0].source is CancelSource.SIGNAL
 
-    async def run(self) -> Outcome:
+    async def run(self) -> RunEnding:
         await self.supervisor.run()
-        self.outcome = self.report.final()
-        return self.outcome
+        return self.report.final()
 
 
-async def _run_then_ignore_signals(session: Session) -> Outcome:
+async def _run_then_ignore_signals(session: Session) -> RunEnding:
     try:
         await session.supervisor.run()
     finally:
         ignore_stop_signals()  # the ranks are gone: nothing may cut the envelope short now
-    session.outcome = session.report.final()
-    return session.outcome
+    return session.report.final()
 
 
 def execute(plan: Plan) -> int:
@@ -178,16 +174,16 @@ def execute(plan: Plan) -> int:
     view = HeadlessView(sink)
     session.subscribe(view)
     try:
-        outcome = asyncio.run(_run_then_ignore_signals(session))
+        ending = asyncio.run(_run_then_ignore_signals(session))
     finally:
         guardian.close()
-    for error in outcome.write_errors:
+    for error in ending.write_errors:
         view.note(error)
-    view.summary(session.supervisor.records.values(), outcome.verdict, outcome.envelope_path)
+    view.summary(session.supervisor.records.values(), ending.verdict, ending.envelope_path)
     sink.close()
     if plan.output_format == "json":
-        emit_json(outcome.envelope)
-    return outcome.verdict.code
+        emit_json(ending.envelope)
+    return ending.verdict.code
 
 
 def emit_json(envelope: dict[str, Any]) -> None:
@@ -200,7 +196,7 @@ def emit_json(envelope: dict[str, Any]) -> None:
 
 def prelaunch_error(
     message: str,
-    info: env_mod.RunInfo,
+    info: RunInfo,
     envelope_paths: list[Path],
     output_format: str,
     say: Callable[[str], None],

@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+from forgelm_tui.signames import signal_name
+
 # ForgeLM's public exit-code contract (SPEC §1).
 EXIT_CODES: dict[int, tuple[str, str, str]] = {
     0: ("EXIT_SUCCESS", "completed, gates passed", "continue"),
@@ -55,24 +57,26 @@ class StopKind(StrEnum):
     FAILURE = "failure"  # a rank failed on its own (fail fast)
     DRAIN = "drain"  # rank 0 ended with an outcome, the others outlived the drain window
     STALL = "stall"  # no rank showed progress for the stall timeout
+    FORWARDED = "forwarded"  # a rank died of a signal forwarded to it (SIGUSR1, no handler)
 
 
 @dataclass(frozen=True)
-class RankOutcome:
+class RankEnding:
     """The facts about how one rank ended, as the verdict needs them."""
 
     rank: int
     exit_code: int | None  # own exit status when it exited normally
     signal: int | None  # signal number when it died of a signal
-    ended_at: float  # monotonic seconds; orders failures
+    ended_mono: float  # monotonic seconds; orders failures
     signalled_first: bool  # the supervisor signalled it (stop or kill) before it ended
-    stopped_from_outside: bool = False  # it reported that it stopped on an outside signal
-    outside_at: float = float("inf")  # when it reported that (orders "who got it first")
+    foreign_stop: bool = False  # it reported a stop signal forgelm-tui had not sent
+    foreign_mono: float = float("inf")  # when it reported that (orders "who got it first")
+    forwarded_death: bool = False  # it died of a signal forgelm-tui forwarded to it
 
     @property
     def failed_on_own(self) -> bool:
         """Ended in failure without the supervisor having signalled it first."""
-        if self.signalled_first:
+        if self.signalled_first or self.forwarded_death:
             return False
         if self.signal is not None:
             return True
@@ -109,10 +113,7 @@ def describe(code: int) -> tuple[str, str, str]:
     if code in EXIT_CODES:
         return EXIT_CODES[code]
     if code > 128:
-        try:
-            sig_name = signal.Signals(code - 128).name
-        except ValueError:
-            sig_name = f"signal {code - 128}"
+        sig_name = signal_name(code - 128)
         return (
             f"SIGNAL_{sig_name}",
             f"stopped by {sig_name} (128+{code - 128})",
@@ -121,7 +122,7 @@ def describe(code: int) -> tuple[str, str, str]:
     return ("EXIT_OTHER", f"exit status {code}", "investigate logs")
 
 
-def rank_code(outcome: RankOutcome, contract: Contract) -> int:
+def rank_code(outcome: RankEnding, contract: Contract) -> int:
     """One rank's own status under a contract."""
     if outcome.signal is not None:
         return EXIT_TRAINING_ERROR if contract is Contract.FORGELM else 128 + outcome.signal
@@ -148,17 +149,18 @@ def prelaunch_failure() -> Verdict:
 
 
 def decide(
-    outcomes: Sequence[RankOutcome],
+    outcomes: Sequence[RankEnding],
     stop: StopFacts | None,
     contract: Contract = Contract.FORGELM,
 ) -> Verdict:
     """Resolve the run's true exit code from every rank's outcome (SPEC §5, rules 2-4)."""
     if not outcomes:
         return prelaunch_failure()
-    failures = sorted((o for o in outcomes if o.failed_on_own), key=lambda o: (o.ended_at, o.rank))
+    failures = sorted((o for o in outcomes if o.failed_on_own),
+                      key=lambda o: (o.ended_mono, o.rank))
     if failures:
         root = failures[0]
-        how = f"signal {_sig_name(root.signal)}" if root.signal else f"exit {root.exit_code}"
+        how = f"signal {signal_name(root.signal)}" if root.signal else f"exit {root.exit_code}"
         return _make(
             rank_code(root, contract),
             2,
@@ -166,14 +168,14 @@ def decide(
             root.rank,
         )
     rank0 = min(outcomes, key=lambda o: o.rank)
-    outside = sorted(
-        (o for o in outcomes if o.stopped_from_outside),
-        key=lambda o: (o.outside_at, o.ended_at, o.rank),
+    interrupted = sorted(
+        (o for o in outcomes if o.foreign_stop or o.forwarded_death),
+        key=lambda o: (o.foreign_mono if o.foreign_stop else o.ended_mono, o.ended_mono, o.rank),
     )
     if stop is not None and stop.kind is StopKind.STALL and rank0.signalled_first:
         return _make(EXIT_TRAINING_ERROR, 4, "stalled: no rank made progress", rank0.rank)
-    if rank0.signalled_first or outside:
-        return _stopped(rank0, outside, stop, contract)
+    if rank0.signalled_first or interrupted:
+        return _stopped(rank0, interrupted, stop, contract)
     code = rank_code(rank0, contract)
     disagreements = tuple(
         (o.rank, rank_code(o, contract))
@@ -184,16 +186,22 @@ def decide(
 
 
 def _stopped(
-    rank0: RankOutcome,
-    outside: Sequence[RankOutcome],
+    rank0: RankEnding,
+    interrupted: Sequence[RankEnding],
     stop: StopFacts | None,
     contract: Contract,
 ) -> Verdict:
     """Rule 4: the run was stopped before it completed, whatever the ranks exited with after."""
-    if outside and not rank0.signalled_first:
-        deciding = outside[0].rank
+    first = interrupted[0] if interrupted else None
+    if first is not None and first.forwarded_death and first.signal is not None:
+        deciding = first.rank
+        text = (f"interrupted: rank {deciding} ended on {signal_name(first.signal)}, "
+                "forwarded by forgelm-tui")
+        sig: int = first.signal
+    elif first is not None and not rank0.signalled_first:
+        deciding = first.rank
         text = f"interrupted: rank {deciding} stopped on a signal from outside"
-        sig: int = signal.SIGTERM
+        sig = signal.SIGTERM
     else:
         deciding = rank0.rank
         kind = stop.kind.value if stop else "stop"
@@ -201,12 +209,3 @@ def _stopped(
         sig = stop.signal if stop and stop.signal else int(signal.SIGTERM)
     code = EXIT_TRAINING_ERROR if contract is Contract.FORGELM else 128 + int(sig)
     return _make(code, 4, text, deciding)
-
-
-def _sig_name(sig: int | None) -> str:
-    if sig is None:
-        return "none"
-    try:
-        return signal.Signals(sig).name
-    except ValueError:
-        return str(sig)

@@ -6,9 +6,11 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 from pathlib import Path
 
-from forgelm_tui.tui.scripted import STATES, scripted_app
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from scripted import STATES, scripted_app
 
 HERE = Path(__file__).resolve().parent
 SIZE = (170, 42)

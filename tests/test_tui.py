@@ -7,15 +7,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from scripted import FakeClock, ScriptedRun, scripted_app
 from textual.pilot import Pilot
 from textual.widgets import Static
 
 from forgelm_tui.engine import events as ev
-from forgelm_tui.tui.app import RunHeader, SupervisorApp
+from forgelm_tui.engine.events import RankState
+from forgelm_tui.tui.app import SupervisorApp
 from forgelm_tui.tui.screens.confirm import ConfirmCancel
-from forgelm_tui.tui.scripted import FakeClock, ScriptedRun, scripted_app
 from forgelm_tui.tui.widgets.log_pane import LogPane
 from forgelm_tui.tui.widgets.rank_table import RankTable
+from forgelm_tui.tui.widgets.run_header import RunHeader
 from forgelm_tui.tui.widgets.verdict_panel import VerdictPanel
 
 pytestmark = pytest.mark.timeout(60)
@@ -289,7 +291,7 @@ async def test_a_rank_ending_shows_without_waiting_for_the_tick(
         run.emit(ev.RankOutput.of(3, "stdout", ("a line the tick would show",)))
         await pilot.pause()
         assert "a line the tick" not in str(table.get_cell("3", "last"))  # output waits
-        run.emit(ev.RankExited(3, 4, None, False, 0.0))
+        run.emit(ev.RankExited(3, 4, None, False, 0.0), ev.RankStateChanged(3, RankState.EXITED))
         await pilot.pause()
         assert str(table.get_cell("3", "exit")) == "4 AWAITING_APPROVAL"
         assert str(table.get_cell("3", "state")) == "exited"
@@ -341,15 +343,15 @@ async def test_a_paused_log_keeps_its_lines_in_view() -> None:
         assert pane.is_vertical_scroll_end
 
 
-async def test_outside_signal_exits_after_the_run(tmp_path: Path) -> None:
+async def test_a_cancel_by_signal_exits_after_the_run(tmp_path: Path) -> None:
     app, run, prepare = make("running")
-    run.outside = True
+    run.by_signal = True
     async with app.run_test(size=SIZE) as pilot:
         await prepare(pilot)
-        from forgelm_tui.tui.scripted import state_failed
+        from scripted import state_failed
 
-        outcome = state_failed(ScriptedRun(4), FakeClock(), tmp_path)
-        run.finish(outcome)
+        ending = state_failed(ScriptedRun(4), FakeClock(), tmp_path)
+        run.finish(ending)
         await pilot.pause(0.2)
     assert app.return_value == 2
 

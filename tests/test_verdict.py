@@ -8,7 +8,7 @@ import pytest
 
 from forgelm_tui.verdict import (
     Contract,
-    RankOutcome,
+    RankEnding,
     StopFacts,
     StopKind,
     decide,
@@ -17,12 +17,12 @@ from forgelm_tui.verdict import (
 )
 
 F, R = Contract.FORGELM, Contract.RAW
-TERM, KILL, INT = signal.SIGTERM, signal.SIGKILL, signal.SIGINT
+TERM, KILL, INT, USR1 = signal.SIGTERM, signal.SIGKILL, signal.SIGINT, signal.SIGUSR1
 
 
 def rk(rank: int, code: int | None = None, sig: int | None = None, t: float = 1.0,
-       signalled: bool = False, outside: bool = False) -> RankOutcome:
-    return RankOutcome(rank, code, sig, t, signalled, outside)
+       signalled: bool = False, outside: bool = False, forwarded: bool = False) -> RankEnding:
+    return RankEnding(rank, code, sig, t, signalled, outside, forwarded_death=forwarded)
 
 
 CANCEL_INT = StopFacts(StopKind.CANCEL, INT)
@@ -67,6 +67,14 @@ TABLE = [
      [rk(0, 4, t=1), rk(1, sig=TERM, t=5, signalled=True)], StopFacts(StopKind.DRAIN), F, 4, 3, 0),
     ("cancel after rank 0 finished keeps its code",
      [rk(0, 4, t=1), rk(1, 0, t=5, signalled=True)], CANCEL_INT, F, 4, 3, 0),
+    ("rank killed by signal 40, unnamed by Python", [rk(0, 0, t=2), rk(1, sig=40, t=1)], FAIL, R,
+     168, 2, 1),
+    ("forwarded SIGUSR1 killed rank 0: interrupted, not a failure",
+     [rk(0, sig=USR1, t=1, forwarded=True), rk(1, sig=TERM, t=2, signalled=True)],
+     StopFacts(StopKind.FORWARDED, USR1), F, 2, 4, 0),
+    ("forwarded SIGUSR1 raw is 128+10",
+     [rk(0, 0, t=3), rk(1, sig=USR1, t=1, forwarded=True)], StopFacts(StopKind.FORWARDED, USR1),
+     R, 138, 4, 1),
     ("killed by supervisor after ignoring sigterm",
      [rk(0, sig=KILL, signalled=True)], CANCEL_INT, R, 130, 4, 0),
 ]
@@ -74,7 +82,7 @@ TABLE = [
 
 @pytest.mark.parametrize(("name", "outcomes", "stop", "contract", "code", "rule", "rank"),
                          TABLE, ids=[row[0] for row in TABLE])
-def test_verdict_table(name: str, outcomes: list[RankOutcome], stop: StopFacts | None,
+def test_verdict_table(name: str, outcomes: list[RankEnding], stop: StopFacts | None,
                        contract: Contract, code: int, rule: int, rank: int) -> None:
     verdict = decide(outcomes, stop, contract)
     assert (verdict.code, verdict.rule, verdict.deciding_rank) == (code, rule, rank)
@@ -96,3 +104,5 @@ def test_names_and_labels() -> None:
     assert describe(143)[0] == "SIGNAL_SIGTERM"
     assert describe(2)[2] == "investigate logs"
     assert describe(77)[0] == "EXIT_OTHER"
+    assert describe(128 + 40)[0] == "SIGNAL_SIGRTMIN+6"
+    assert "SIGRTMIN+6" in decide([rk(0, 0, t=2), rk(1, sig=40, t=1)], FAIL).rule_text

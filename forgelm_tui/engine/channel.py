@@ -1,28 +1,26 @@
 """The supervisor side of the progress channel: one abstract Unix datagram socket per run.
 
-Ranks send small JSON messages (see ``forgelm_tui.rank.channel``); the supervisor reads them as
-events on its loop. No torch, no files, nothing to clean up: the socket lives in the abstract
-namespace and vanishes with the supervisor.
+Ranks send small JSON messages (the protocol: ``forgelm_tui.channel``, docs/channel.md); the
+supervisor reads them as events on its loop. No torch, no files, nothing to clean up: the socket
+lives in the abstract namespace and vanishes with the supervisor.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import secrets
 import socket
 from collections.abc import Callable
-from typing import Any
 
-Message = dict[str, Any]
+from forgelm_tui.channel import MAX_DATAGRAM, Message, channel_name, decode, socket_address
 
 
 class ChannelServer:
     def __init__(self, run_id: str) -> None:
-        self.name = f"@forgelm-tui-{run_id}-{secrets.token_hex(4)}"
+        self.name = channel_name(run_id, secrets.token_hex(4))
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
-        self._sock.bind(b"\0" + self.name[1:].encode())
+        self._sock.bind(socket_address(self.name))
         self._sock.setblocking(False)
         with contextlib.suppress(OSError):
             self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
@@ -35,16 +33,11 @@ class ChannelServer:
     def _drain(self, handler: Callable[[Message], None]) -> None:
         for _ in range(256):  # bounded per wake-up; the loop calls again if more is queued
             try:
-                data = self._sock.recv(16384)
-            except (BlockingIOError, InterruptedError):
+                data = self._sock.recv(MAX_DATAGRAM * 2)
+            except OSError:  # BlockingIOError included: nothing more queued
                 return
-            except OSError:
-                return
-            try:
-                message = json.loads(data)
-            except ValueError:
-                continue
-            if isinstance(message, dict) and isinstance(message.get("rank"), int):
+            message = decode(data)
+            if message is not None:
                 handler(message)
 
     def close(self) -> None:

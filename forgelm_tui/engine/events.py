@@ -1,18 +1,64 @@
-"""What the engine tells views: frozen facts, named in the past tense.
+"""What the engine tells views: frozen facts, named in the past tense, and the run snapshot.
 
-Times are wall-clock epoch seconds (``at``) unless named ``*_mono`` (``time.monotonic``).
+Every event is plain data (enums, numbers, strings, bytes, tuples, nested frozen dataclasses)
+and goes through JSON and back without loss (``engine.codec``), so it can cross a socket to an
+attached viewer or another node. Times named ``at`` are wall-clock epoch seconds; nothing here
+holds a monotonic time (it means nothing in another process).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from functools import cached_property
-from typing import Literal
 
 from forgelm_tui.engine.sanitize import sanitize_block, sanitize_line
+from forgelm_tui.verdict import StopKind, Verdict
 
-Stream = Literal["stdout", "stderr"]
+
+class Stream(StrEnum):
+    STDOUT = "stdout"
+    STDERR = "stderr"
+
+
+class RankState(StrEnum):
+    """Decided once, in the engine (``RankRecord.state``); views only show it."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    QUIET = "quiet"  # alive, no progress of any kind for the quiet threshold
+    STOPPING = "stopping"  # the supervisor sent it the SIGTERM of a stop
+    EXITED = "exited"  # ended with an exit code that is no failure of its own
+    KILLED = "killed"  # ended by a signal
+    FAILED = "failed"  # ended on its own with a code outside the outcome set
+
+
+class Purpose(StrEnum):
+    """Why the supervisor sent a signal to a rank."""
+
+    STOP = "stop"  # SIGTERM of a coordinated stop
+    KILL = "kill"  # SIGKILL at the grace deadline or on an escalation
+    FORWARD = "forward"  # passed on without stopping anything (SIGUSR1 / SIGUSR2)
+    CLEANUP = "cleanup"  # SIGKILL to processes left in the rank's group after it exited
+
+    @property
+    def stops(self) -> bool:
+        """A stop or kill signal: the rank did not end on its own after it."""
+        return self in (Purpose.STOP, Purpose.KILL)
+
+
+class ProgressSource(StrEnum):
+    CHANNEL = "channel"  # the rank reports through forgelm_tui.rank
+    OUTPUT = "output"  # read from progress lines in its output
+
+
+@dataclass(frozen=True)
+class SignalSent:
+    signal: int
+    at: float
+    reason: str
+    purpose: Purpose
 
 
 @dataclass(frozen=True)
@@ -30,6 +76,12 @@ class RankStarted:
     local_rank: int
     pid: int
     at: float
+
+
+@dataclass(frozen=True)
+class RankStateChanged:
+    rank: int
+    state: RankState
 
 
 @dataclass(frozen=True)
@@ -82,13 +134,13 @@ class RankSampled:
     rss_bytes: int
     children: int
     output_age: float  # seconds since the rank last printed anything
-    quiet: bool  # no output, CPU or heartbeat progress for the quiet threshold
 
 
 @dataclass(frozen=True)
 class RankSignalled:
     rank: int
     signal: int
+    purpose: Purpose
     reason: str
     at: float
 
@@ -98,18 +150,22 @@ class RankExited:
     rank: int
     exit_code: int | None
     signal: int | None
-    signalled_first: bool
+    signalled_first: bool  # the supervisor had sent it a stop or kill signal
     at: float
 
 
 @dataclass(frozen=True)
 class RunStopping:
-    kind: str  # StopKind value
+    kind: StopKind
     reason: str
+    origin: str
     grace: float
-    deadline_mono: float
     live_ranks: tuple[int, ...]
     at: float
+
+    @property
+    def deadline_at(self) -> float:
+        return self.at + self.grace
 
 
 @dataclass(frozen=True)
@@ -141,6 +197,7 @@ class RankProgressed:
     step: int | None
     total: int | None
     metrics: dict[str, float]
+    source: ProgressSource
 
 
 @dataclass(frozen=True)
@@ -149,18 +206,67 @@ class RankReportedStop:
 
     rank: int
     signal: str | None
-    outside: bool  # the supervisor had not signalled it: the signal came from elsewhere
+    foreign: bool  # forgelm-tui had not signalled it: the signal came from elsewhere
     step: int | None
 
 
 @dataclass(frozen=True)
 class RunFinished:
+    """Every rank has ended and its output is drained."""
+
     at: float
+
+
+@dataclass(frozen=True)
+class VerdictReached:
+    """The true exit code is decided and the final envelope written."""
+
+    verdict: Verdict
+    envelope_path: str | None
+
+
+@dataclass(frozen=True)
+class RankSnapshot:
+    rank: int
+    local_rank: int
+    node_rank: int
+    pid: int | None
+    state: RankState
+    started_at: float | None
+    ended_at: float | None
+    exit_code: int | None
+    signal: int | None
+    signals: tuple[SignalSent, ...]
+    last_line: str
+    last_output_at: float | None
+    step: int | None
+    total: int | None
+    metrics: dict[str, float]
+    progress_source: ProgressSource | None
+    cpu_percent: float
+    rss_bytes: int
+    children: int
+
+
+@dataclass(frozen=True)
+class RunSnapshot:
+    """The whole run at one moment: a late viewer starts here, then applies the events after."""
+
+    run_id: str
+    world_size: int
+    argv: tuple[str, ...]
+    run_dir: str
+    started_at: float | None
+    ranks: tuple[RankSnapshot, ...]
+    stop: RunStopping | None = None
+    finished_at: float | None = None
+    verdict: VerdictReached | None = None
 
 
 Event = (
     RunStarted
     | RankStarted
+    | RankStateChanged
     | RankOutput
     | RankSampled
     | RankSignalled
@@ -172,4 +278,6 @@ Event = (
     | RankProgressed
     | RankReportedStop
     | RunFinished
+    | VerdictReached
 )
+EVENT_TYPES: tuple[type, ...] = Event.__args__

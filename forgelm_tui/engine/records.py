@@ -1,6 +1,7 @@
 """What the engine knows about each rank and about the run, kept as data.
 
 Keyed by global rank with a node field, so records from other nodes can join later (SPEC §8).
+A rank's state is derived from its facts in one place (:attr:`RankRecord.state`).
 """
 
 from __future__ import annotations
@@ -10,36 +11,26 @@ from collections import deque
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from forgelm_tui.verdict import OUTCOME_CODES, RankOutcome, StopKind
+from forgelm_tui.engine.events import (
+    ProgressSource,
+    Purpose,
+    RankSnapshot,
+    RankState,
+    SignalSent,
+)
+from forgelm_tui.verdict import RankEnding, StopKind
 
 STDERR_TAIL_LINES = 40
 
 
-class RankState(StrEnum):
-    STARTING = "starting"
-    RUNNING = "running"
-    QUIET = "quiet"
-    STOPPING = "stopping"
-    EXITED = "exited"
-    KILLED = "killed"  # ended by a signal
-    FAILED = "failed"  # ended on its own with a code outside the outcome set
+class CancelSource(StrEnum):
+    """Who asked for a cancel: the envelope says which source asked what."""
 
-
-class Purpose(StrEnum):
-    """Why a signal was sent to a rank."""
-
-    STOP = "stop"  # SIGTERM of a coordinated stop
-    KILL = "kill"  # SIGKILL at the grace deadline or on a second cancel
-    FORWARD = "forward"  # passed on without stopping anything (SIGUSR1 / SIGUSR2)
-    CLEANUP = "cleanup"  # SIGKILL to processes left in the rank's group after it exited
-
-
-@dataclass(frozen=True)
-class SignalSent:
-    signal: int
-    at: float  # epoch seconds
-    reason: str
-    purpose: Purpose
+    OPERATOR = "operator"  # a key in the launching TUI
+    SIGNAL = "signal"  # SIGINT / SIGTERM / SIGHUP to the supervisor (a scheduler, a shell)
+    TERMINAL = "terminal"  # the launching terminal was closed
+    VIEWER = "viewer"  # an attached viewer
+    NODE = "node"  # another node's supervisor (multi-node)
 
 
 @dataclass
@@ -51,7 +42,6 @@ class RankRecord:
     stderr_log: str
     error_file: str
     pid: int | None = None
-    state: RankState = RankState.STARTING
     started_at: float | None = None
     started_mono: float | None = None
     ended_at: float | None = None
@@ -61,6 +51,7 @@ class RankRecord:
     signals_sent: list[SignalSent] = field(default_factory=list)
     stderr_tail: deque[str] = field(default_factory=lambda: deque(maxlen=STDERR_TAIL_LINES))
     last_line: str = ""
+    last_output_at: float | None = None
     last_output_mono: float | None = None
     last_progress_mono: float | None = None
     cpu_seconds: float = 0.0
@@ -68,16 +59,17 @@ class RankRecord:
     rss_bytes: int = 0
     peak_rss_bytes: int = 0
     children: int = 0
+    quiet: bool = False
     stalled: bool = False
-    stopped_from_outside: bool = False
     stdout_bytes: int = 0
     stderr_bytes: int = 0
     step: int | None = None
     total: int | None = None
     metrics: dict[str, float] = field(default_factory=dict)
-    progress_source: str | None = None  # "channel" or "output"
+    progress_source: ProgressSource | None = None
     reported_signal: str | None = None  # a stop signal the rank said it received
-    reported_at: float | None = None  # monotonic
+    reported_mono: float | None = None
+    foreign_stop: bool = False  # ...and forgelm-tui had not sent it one (envelope: *_from_outside)
     stopped_step: int | None = None  # the step at which it stopped on an agreement
 
     @property
@@ -86,44 +78,78 @@ class RankRecord:
 
     @property
     def signalled_first(self) -> bool:
-        return any(s.purpose in (Purpose.STOP, Purpose.KILL) for s in self.signals_sent)
+        """The supervisor sent it a stop or kill signal (before it ended, if it has)."""
+        return any(s.purpose.stops for s in self.signals_sent)
+
+    @property
+    def forwarded_death(self) -> bool:
+        """It died of a signal forgelm-tui forwarded to it (SIGUSR1 with no handler)."""
+        return self.signal is not None and not self.signalled_first and any(
+            s.purpose is Purpose.FORWARD and s.signal == self.signal for s in self.signals_sent)
+
+    @property
+    def state(self) -> RankState:
+        if self.pid is None:
+            return RankState.STARTING
+        if self.ended_mono is not None:
+            if self.signal is not None:
+                return RankState.KILLED
+            return RankState.FAILED if self.ending().failed_on_own else RankState.EXITED
+        if self.signalled_first:
+            return RankState.STOPPING
+        return RankState.QUIET if self.quiet else RankState.RUNNING
+
+    def mark_started(self, pid: int) -> None:
+        now = time.monotonic()
+        self.pid, self.started_at, self.started_mono = pid, time.time(), now
+        self.last_progress_mono = now
 
     def mark_exit(self, returncode: int) -> None:
         self.ended_at = time.time()
         self.ended_mono = time.monotonic()
         if returncode < 0:
             self.signal = -returncode
-            self.state = RankState.KILLED
         else:
             self.exit_code = returncode
-            failed = returncode not in OUTCOME_CODES and not self.signalled_first
-            self.state = RankState.FAILED if failed else RankState.EXITED
 
-    def outcome(self) -> RankOutcome:
-        return RankOutcome(
+    def ending(self) -> RankEnding:
+        return RankEnding(
             rank=self.rank,
             exit_code=self.exit_code,
             signal=self.signal,
-            ended_at=self.ended_mono if self.ended_mono is not None else float("inf"),
+            ended_mono=self.ended_mono if self.ended_mono is not None else float("inf"),
             signalled_first=self.signalled_first,
-            stopped_from_outside=self.stopped_from_outside,
-            outside_at=self.reported_at if self.reported_at is not None else float("inf"),
+            foreign_stop=self.foreign_stop,
+            foreign_mono=self.reported_mono if self.reported_mono is not None else float("inf"),
+            forwarded_death=self.forwarded_death,
+        )
+
+    def snapshot(self) -> RankSnapshot:
+        return RankSnapshot(
+            rank=self.rank, local_rank=self.local_rank, node_rank=self.node_rank, pid=self.pid,
+            state=self.state, started_at=self.started_at, ended_at=self.ended_at,
+            exit_code=self.exit_code, signal=self.signal, signals=tuple(self.signals_sent),
+            last_line=self.last_line, last_output_at=self.last_output_at, step=self.step,
+            total=self.total, metrics=dict(self.metrics), progress_source=self.progress_source,
+            cpu_percent=self.cpu_percent, rss_bytes=self.rss_bytes, children=self.children,
         )
 
 
 @dataclass(frozen=True)
 class CancelRequest:
-    origin: str  # "operator", "SIGTERM to supervisor", ...
+    source: CancelSource
+    origin: str  # in words: "operator", "SIGTERM to the supervisor", "terminal closed"...
     signal: int  # the signal it stands for: SIGINT for the operator's Ctrl+C
     at: float
+    effect: str  # "stop" (began the stop), "kill" (escalated), "merged" (same cause again)
 
 
 @dataclass
 class StopRecord:
     kind: StopKind
     reason: str
-    origin: str  # "operator", "SIGTERM to supervisor", "rank 1 failed", ...
-    signal: int | None  # the signal that caused a cancel
+    origin: str  # "operator", "SIGTERM to the supervisor", "failure", "drain", "stall"...
+    signal: int | None  # the signal that caused it (a cancel's, a forwarded one)
     at: float
     deadline_mono: float
     killed_at: float | None = None  # when the SIGKILL pass ran, if it did

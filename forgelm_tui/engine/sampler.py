@@ -1,10 +1,14 @@
-"""Per-rank resource samples with psutil: CPU, memory, children, CPU-time progress."""
+"""Sampling: per-rank resources with psutil (CPU, memory, children, CPU-time progress)."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import psutil
+
+from forgelm_tui.engine.records import RankRecord
 
 # A rank whose CPU time grew by less than this fraction of the interval counts as idle: a rank
 # blocked in a collective or at a barrier burns almost nothing.
@@ -49,3 +53,63 @@ class RankSampler:
             return None
         seconds = times.user + times.system + times.children_user + times.children_system
         return Sample(cpu, rss, seconds, children)
+
+
+def apply_sample(record: RankRecord, sample: Sample | None, now: float, interval: float) -> None:
+    """Fold a sample into the record; CPU time that grew counts as progress (the weak kind)."""
+    if sample is None:
+        return
+    if sample.cpu_seconds - record.cpu_seconds > IDLE_CPU_FRACTION * interval:
+        record.last_progress_mono = now
+    record.cpu_seconds = sample.cpu_seconds
+    record.cpu_percent = sample.cpu_percent
+    record.rss_bytes = sample.rss_bytes
+    record.peak_rss_bytes = max(record.peak_rss_bytes, sample.rss_bytes)
+    if sample.children is not None:
+        record.children = sample.children
+
+
+SampleHandler = Callable[[list[tuple[RankRecord, Sample | None]]], None]
+
+
+class SamplingLoop:
+    """Samples the live ranks every ``interval`` seconds in a worker thread: a process-tree
+    walk never delays a stop. One pass at a time; a slow pass skips the next tick."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, interval: float,
+                 live: Callable[[], list[RankRecord]], on_samples: SampleHandler) -> None:
+        self._loop = loop
+        self.interval = interval
+        self._live = live
+        self._on_samples = on_samples
+        self._samplers: dict[int, RankSampler] = {}
+        self._busy = False
+        self._timer: asyncio.TimerHandle | None = None
+
+    def add(self, record: RankRecord) -> None:
+        if record.pid is not None:
+            self._samplers[record.rank] = RankSampler(record.pid)
+
+    def start(self) -> None:
+        self._timer = self._loop.call_later(self.interval, self._tick)
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = None
+
+    def _tick(self) -> None:
+        self.start()
+        if self._busy:
+            return
+        self._busy = True
+        pairs = [(r, self._samplers.get(r.rank)) for r in self._live()]
+        future = self._loop.run_in_executor(
+            None, lambda: [(r, s.sample() if s else None) for r, s in pairs])
+        future.add_done_callback(self._sampled)
+
+    def _sampled(self, future: asyncio.Future[list[tuple[RankRecord, Sample | None]]]) -> None:
+        self._busy = False
+        if self._timer is None or future.cancelled() or future.exception() is not None:
+            return
+        self._on_samples(future.result())

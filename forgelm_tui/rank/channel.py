@@ -3,22 +3,19 @@
 No torch here. The supervisor names the channel in ``FORGELM_TUI_CHANNEL`` (an abstract Unix
 datagram socket, ``@name``); outside forgelm-tui the variable is unset and every call is a
 no-op. Sends never block and never raise: a full or absent supervisor only loses the message.
+The messages are defined in ``forgelm_tui.channel`` (docs/channel.md).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import socket
-import time
 from typing import Any
 
-CHANNEL_ENV = "FORGELM_TUI_CHANNEL"
+from forgelm_tui.channel import CHANNEL_ENV, MessageKind, encode, socket_address
 
-
-def socket_address(name: str) -> str | bytes:
-    """``@name`` is an abstract socket (no file, no path length limit); else a path."""
-    return b"\0" + name[1:].encode() if name.startswith("@") else name
+__all__ = ["CHANNEL_ENV", "Channel", "MessageKind", "default_channel", "heartbeat",
+           "report_progress"]
 
 
 class Channel:
@@ -32,11 +29,10 @@ class Channel:
     def enabled(self) -> bool:
         return self._address is not None
 
-    def send(self, kind: str, **fields: Any) -> None:
+    def send(self, kind: MessageKind, **fields: Any) -> None:
         if self._address is None:
             return
-        message = {"rank": self.rank, "kind": kind, "t": time.time(), **fields}
-        data = json.dumps(message, default=str).encode()[:8192]
+        data = encode(self.rank, kind, **fields)
         try:
             if self._sock is None:
                 self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
@@ -47,10 +43,10 @@ class Channel:
 
     def progress(self, step: int, total: int | None = None,
                  metrics: dict[str, float] | None = None) -> None:
-        self.send("progress", step=step, total=total, metrics=metrics or {})
+        self.send(MessageKind.PROGRESS, step=step, total=total, metrics=metrics or {})
 
     def heartbeat(self) -> None:
-        self.send("heartbeat")
+        self.send(MessageKind.HEARTBEAT)
 
 
 _default: Channel | None = None

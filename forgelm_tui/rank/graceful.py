@@ -22,6 +22,7 @@ import signal
 import sys
 from types import FrameType
 
+from forgelm_tui.channel import MessageKind
 from forgelm_tui.rank.channel import default_channel
 
 
@@ -31,7 +32,7 @@ class GracefulStop(Exception):
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends it the ordinary way
-    default_channel().send("stop_requested", signal="SIGTERM", via="graceful")
+    default_channel().send(MessageKind.STOP_REQUESTED, signal="SIGTERM", via="graceful")
     raise GracefulStop("stopped by SIGTERM")
 
 

@@ -15,7 +15,9 @@ from collections.abc import Iterable
 from types import FrameType, TracebackType
 from typing import Any
 
+from forgelm_tui.channel import MessageKind
 from forgelm_tui.rank.channel import Channel, default_channel
+from forgelm_tui.signames import signal_name
 
 Handler = Any  # what signal.getsignal returns
 
@@ -74,8 +76,8 @@ class StopAgreement:
         if self.requested_by is None:
             self.requested_by = signum
             self.requested_at = time.time()
-            self.reason = signal.Signals(signum).name
-            self.channel.send("stop_requested", signal=signal.Signals(signum).name)
+            self.reason = signal_name(signum)
+            self.channel.send(MessageKind.STOP_REQUESTED, signal=self.reason)
 
     def request(self, reason: str = "requested") -> None:
         """Ask every rank to stop at the next agreement (from code, not a signal)."""
@@ -99,7 +101,7 @@ class StopAgreement:
         if _agree(1 if self.requested else 0, self.group):
             self._agreed = True
             self.stopped_at_step = step
-            self.channel.send("stopped", step=step, signal=self.reason,
+            self.channel.send(MessageKind.STOPPED, step=step, signal=self.reason,
                               own_request=self.requested)
         return self._agreed
 

@@ -20,18 +20,19 @@ from textual.binding import Binding
 from textual.containers import Vertical
 from textual.css.query import NoMatches
 from textual.screen import Screen
-from textual.widget import Widget
 from textual.widgets import DataTable, Static
 
+from forgelm_tui.ending import RunEnding
 from forgelm_tui.engine import events as ev
-from forgelm_tui.run import Outcome
+from forgelm_tui.engine.records import CancelSource
 from forgelm_tui.tui.model import RunModel
 from forgelm_tui.tui.screens.confirm import ConfirmCancel
 from forgelm_tui.tui.screens.help import HelpScreen
 from forgelm_tui.tui.screens.search import SearchPrompt
 from forgelm_tui.tui.widgets.key_hints import KeyHints
 from forgelm_tui.tui.widgets.log_pane import LogPane
-from forgelm_tui.tui.widgets.rank_table import RankTable, human_seconds
+from forgelm_tui.tui.widgets.rank_table import RankTable
+from forgelm_tui.tui.widgets.run_header import RunHeader
 from forgelm_tui.tui.widgets.verdict_panel import VerdictPanel
 
 TABLE_HZ = 1  # the rank table and header: about once a second (a 64-row repaint costs)
@@ -52,47 +53,12 @@ class RunHandle(Protocol):
     def grace(self) -> float: ...
 
     def subscribe(self, listener: Callable[[ev.Event], None]) -> None: ...
-    def request_cancel(self, origin: str = ..., sig: int = ...) -> None: ...
+    def request_cancel(self, origin: str = ..., sig: int = ..., *,
+                       source: CancelSource = ..., cause: str | None = ...) -> str: ...
     def kill_now(self, origin: str = ...) -> None: ...
     def forward(self, sig: int) -> None: ...
-    def cancelled_from_outside(self) -> bool: ...
-    def run(self) -> Awaitable[Outcome]: ...
-
-
-class RunHeader(Widget):
-    """Two fixed lines; repainted without a layout pass (a Static.update reflows the screen)."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self._text = Text()
-
-    def render(self) -> Text:
-        return self._text
-
-    def render_for(self, model: RunModel, verdict_label: str | None) -> None:
-        state = model.state.upper()
-        style = {"RUNNING": "bold green", "STOPPING": "bold magenta",
-                 "FINISHED": "bold cyan"}.get(state, "bold")
-        line1 = Text.assemble(
-            ("forgelm-tui ", "bold"),
-            f"run {model.run_id}  ·  {model.world_size} rank(s)  ·  "
-            f"elapsed {human_seconds(model.elapsed())}  ·  ",
-            (state, style),
-        )
-        left = model.seconds_left()
-        if left is not None:
-            live = ",".join(str(r) for r in model.live_ranks) or "-"
-            line1.append(f"  SIGKILL in {left:.0f} s (ranks {live} left): {model.stop_reason}",
-                         style="magenta")
-        elif model.state == "stopping" and model.stop_reason:
-            line1.append(f"  {model.stop_reason}", style="magenta")
-        if verdict_label:
-            line1.append(f"  exit {verdict_label}", style="bold")
-        line2 = Text(" ".join(model.command), style="dim", no_wrap=True, overflow="ellipsis")
-        text = Text("\n").join([line1, line2])
-        if text.plain != self._text.plain or text.spans != self._text.spans:
-            self._text = text
-            self.refresh()
+    def cancelled_by_signal(self) -> bool: ...
+    def run(self) -> Awaitable[RunEnding]: ...
 
 
 class SupervisorApp(App[int]):
@@ -101,25 +67,30 @@ class SupervisorApp(App[int]):
     CSS_PATH = "forgelm_tui.tcss"
     TITLE = "forgelm-tui"
     BINDINGS = [
-        Binding("c", "cancel", "Cancel"),
-        Binding("ctrl+c", "cancel", "Cancel", show=False, priority=True),
-        Binding("k", "kill", "Kill now"),
-        Binding("enter", "toggle_rank_log", "Rank log"),
-        Binding("a", "all_logs", "All logs"),
-        Binding("f", "follow", "Follow"),
-        Binding("slash", "search", "Search"),
-        Binding("n", "search_next", "Next", show=False),
-        Binding("N", "search_previous", "Previous", show=False),
-        Binding("s", "save_envelope", "Save envelope"),
-        Binding("question_mark", "help", "Help"),
-        Binding("q", "quit_run", "Quit"),
+        Binding("c", "cancel", "Cancel",
+                tooltip="cancel the run (asks first); again while stopping: kill now"),
+        Binding("ctrl+c", "cancel", "Cancel", show=False, priority=True,
+                tooltip="the same as c"),
+        Binding("k", "kill", "Kill now", tooltip="kill every live rank now (SIGKILL)"),
+        Binding("enter", "toggle_rank_log", "Rank log",
+                tooltip="show the selected rank's log / back to all ranks"),
+        Binding("a", "all_logs", "All logs", tooltip="show every rank's log, merged"),
+        Binding("f", "follow", "Follow",
+                tooltip="follow the log on / off (scrolling up pauses it, End resumes it)"),
+        Binding("slash", "search", "Search", key_display="/", tooltip="search the log"),
+        Binding("n", "search_next", "Next", show=False, tooltip="next match"),
+        Binding("N", "search_previous", "Previous", show=False, tooltip="previous match"),
+        Binding("s", "save_envelope", "Save envelope", tooltip="save the envelope (after the run)"),
+        Binding("question_mark", "help", "Help", key_display="?", tooltip="this help"),
+        Binding("q", "quit_run", "Quit",
+                tooltip="quit (after the run; during it, asks to cancel first)"),
     ]
 
     def __init__(
         self,
         run: RunHandle,
         *,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.time,
         save_directory: Path | None = None,
         auto_start: bool = True,
         terminal_fd: int | None = None,
@@ -128,7 +99,7 @@ class SupervisorApp(App[int]):
         super().__init__()
         self.run_handle = run
         self.model = RunModel(run.run_id, run.command, run.world_size, clock)
-        self.outcome: Outcome | None = None
+        self.ending: RunEnding | None = None
         self.save_directory = save_directory
         self.auto_start = auto_start
         self.saved_to: str | None = None
@@ -165,15 +136,15 @@ class SupervisorApp(App[int]):
             self.run_worker(self._run(), exclusive=True, name="run")
 
     async def _run(self) -> None:
-        outcome = await self.run_handle.run()
-        self.show_outcome(outcome)
+        ending = await self.run_handle.run()
+        self.show_ending(ending)
         if self._terminal_gone():
-            self._hard_exit(outcome.verdict.code)
-        if self.run_handle.cancelled_from_outside() or self._quit_after_run:
+            self._hard_exit(ending.verdict.code)
+        if self.run_handle.cancelled_by_signal() or self._quit_after_run:
             # A scheduler asked the run to stop: nobody is at the keyboard to read the verdict.
-            self.exit(outcome.verdict.code)
+            self.exit(ending.verdict.code)
             return
-        self._exit_on_signals(outcome.verdict.code)
+        self._exit_on_signals(ending.verdict.code)
 
     def _exit_on_signals(self, code: int) -> None:
         """After the run, SIGTERM / SIGHUP / SIGINT close the app with the run's code."""
@@ -209,18 +180,19 @@ class SupervisorApp(App[int]):
             return
         if self._terminal_gone():
             self._terminal_lost = True
-            if self.outcome is not None:
-                self._hard_exit(self.outcome.verdict.code)
+            if self.ending is not None:
+                self._hard_exit(self.ending.verdict.code)
             else:
                 self._quit_after_run = True
-                self.run_handle.request_cancel("terminal closed (hang-up)", signal.SIGHUP)
+                self.run_handle.request_cancel("terminal closed (hang-up)", signal.SIGHUP,
+                                               source=CancelSource.TERMINAL, cause="hang-up")
 
-    def show_outcome(self, outcome: Outcome) -> None:
-        self.outcome = outcome
+    def show_ending(self, ending: RunEnding) -> None:
+        self.ending = ending
         self.model.state = "finished"
         self.flush_logs()
         self.refresh_table()
-        self.query_one(VerdictPanel).show_verdict(outcome.envelope, outcome.envelope_path)
+        self.query_one(VerdictPanel).show_verdict(ending.envelope, ending.envelope_path)
         pane = self.query_one(LogPane)
         if pane.auto_scroll:  # the verdict panel took room: the newest line back in view
             self.call_after_refresh(pane.set_follow, True)
@@ -236,7 +208,7 @@ class SupervisorApp(App[int]):
 
     def refresh_table(self) -> None:
         self._table_due = False
-        label = self.outcome.verdict.label if self.outcome else None
+        label = self.ending.verdict.label if self.ending else None
         try:
             header, table = self.query_one(RunHeader), self.query_one(RankTable)
         except NoMatches:  # a timer tick while the app is being torn down
@@ -264,7 +236,7 @@ class SupervisorApp(App[int]):
     # ------------------------------------------------------------------ actions
 
     def action_cancel(self) -> None:
-        if self.outcome is not None:
+        if self.ending is not None:
             self.notify("The run has ended; q quits.")
             return
         if self.model.state == "stopping":
@@ -275,17 +247,17 @@ class SupervisorApp(App[int]):
                          self._confirmed)
 
     def _confirmed(self, confirmed: bool | None) -> None:
-        if confirmed and self.outcome is None:
+        if confirmed and self.ending is None:
             self.run_handle.request_cancel("operator", signal.SIGINT)
             self.notify("Stopping every rank: SIGTERM sent.", severity="warning")
 
     def action_kill(self) -> None:
-        if self.outcome is None:
+        if self.ending is None:
             self.run_handle.kill_now("operator")
             self.notify("SIGKILL sent to every live rank.", severity="error")
 
     def action_forward(self, signame: str) -> None:
-        if self.outcome is None:
+        if self.ending is None:
             self.run_handle.forward(int(signal.Signals[signame]))
             self.notify(f"{signame} forwarded to every live rank.")
 
@@ -345,10 +317,10 @@ class SupervisorApp(App[int]):
             self._search(query, backwards=True)
 
     def action_save_envelope(self) -> None:
-        if self.outcome is None or not self.outcome.envelope_path:
+        if self.ending is None or not self.ending.envelope_path:
             self.notify("The envelope is saved when the run has ended.")
             return
-        text = Path(self.outcome.envelope_path).read_text(encoding="utf-8")
+        text = Path(self.ending.envelope_path).read_text(encoding="utf-8")
         directory = self.save_directory or default_save_directory()
         filename = f"forgelm-tui-envelope-{self.run_handle.run_id}.json"
         self.deliver_text(io.StringIO(text), save_directory=directory, save_filename=filename,
@@ -357,11 +329,11 @@ class SupervisorApp(App[int]):
         self.notify(f"Envelope saved to {self.saved_to}")
 
     def action_help(self) -> None:
-        self.push_screen(HelpScreen())
+        self.push_screen(HelpScreen(b for b in self.BINDINGS if isinstance(b, Binding)))
 
     def action_quit_run(self) -> None:
-        if self.outcome is not None:
-            self.exit(self.outcome.verdict.code)
+        if self.ending is not None:
+            self.exit(self.ending.verdict.code)
             return
         self.push_screen(ConfirmCancel(self.run_handle.world_size, self.run_handle.grace),
                          self._confirmed)

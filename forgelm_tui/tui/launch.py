@@ -7,7 +7,8 @@ import os
 import sys
 
 from forgelm_tui.engine.guardian import Guardian
-from forgelm_tui.run import Plan, Session
+from forgelm_tui.plan import Plan
+from forgelm_tui.run import Session
 from forgelm_tui.tui.app import build_app
 
 
@@ -18,16 +19,16 @@ def execute_tui(plan: Plan) -> int:
     try:
         code = app.run()
     finally:
-        if session.outcome is None:
+        if session.ending is None:
             guardian.abandon()  # the view died mid-run: the guardian stops every rank group
         else:
             guardian.close()
-    outcome = session.outcome
-    if outcome is None:
+    ending = session.ending
+    if ending is None:
         _say("forgelm-tui: the view ended before the run; every rank was stopped")
         return 2
-    verdict = outcome.verdict
-    where = f"; envelope: {outcome.envelope_path}" if outcome.envelope_path else ""
+    verdict = ending.verdict
+    where = f"; envelope: {ending.envelope_path}" if ending.envelope_path else ""
     _say(f"forgelm-tui: exit {verdict.code} {verdict.name} ({verdict.rule_text}){where}")
     return code if code is not None else verdict.code
 

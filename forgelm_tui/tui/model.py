@@ -7,7 +7,6 @@ repaints.
 
 from __future__ import annotations
 
-import signal
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -15,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from forgelm_tui.engine import events as ev
+from forgelm_tui.engine.events import Purpose, RankState
+from forgelm_tui.signames import signal_name
 from forgelm_tui.verdict import describe
 
 LOG_KEEP_MERGED = 20_000  # lines of the merged view kept in memory
@@ -27,21 +28,24 @@ class RankRow:
     rank: int
     local_rank: int = 0
     pid: int | None = None
-    state: str = "starting"
+    state: RankState = RankState.STARTING
     cpu_percent: float = 0.0
     rss_bytes: int = 0
     children: int = 0
-    started_mono: float | None = None
-    ended_mono: float | None = None
-    last_output_mono: float | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    last_output_at: float | None = None
     last_line: str = ""
     exit_code: int | None = None
     signal: int | None = None
-    sent: list[tuple[int, str]] = field(default_factory=list)  # (signal, reason)
-    quiet: bool = False
+    sent: list[tuple[int, Purpose, str]] = field(default_factory=list)  # signal, why, reason
     step: int | None = None
     total: int | None = None
     metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def ended(self) -> bool:
+        return self.state in (RankState.EXITED, RankState.KILLED, RankState.FAILED)
 
     def progress_text(self) -> str:
         """``12/30 loss 0.3100``: step, total and the first metric."""
@@ -61,25 +65,26 @@ class RankRow:
 
     def signal_text(self) -> str:
         """``SIGTERM, sent: operator cancel``: the last signal and who sent it."""
-        stop_sent = [(s, r) for s, r in self.sent if not r.startswith(("forward", "cleanup"))]
+        stops = [(sig, reason) for sig, purpose, reason in self.sent if purpose.stops]
+        forwarded = [sig for sig, purpose, _ in self.sent if purpose is Purpose.FORWARD]
         if self.signal is not None:
-            name = signal.Signals(self.signal).name
-            if stop_sent:
-                return f"{name}, sent: {_short_reason(stop_sent[-1][1])}"
+            name = signal_name(self.signal)
+            if stops:
+                return f"{name}, sent: {_short_reason(stops[-1][1])}"
+            if self.signal in forwarded:
+                return f"{name}, forwarded by forgelm-tui"
             return f"{name}, not sent by forgelm-tui"
-        if stop_sent:
-            sig, reason = stop_sent[-1]
-            return f"{signal.Signals(sig).name}, sent: {_short_reason(reason)}"
+        if stops:
+            sig, reason = stops[-1]
+            return f"{signal_name(sig)}, sent: {_short_reason(reason)}"
         return ""
 
 
 def _short_reason(reason: str) -> str:
-    """``stop: cancelled by operator`` -> ``operator cancel``, kept short for a table cell."""
-    _, _, text = reason.partition(": ")
-    text = text or reason
-    if text.startswith("cancelled by "):
-        return text.removeprefix("cancelled by ") + " cancel"
-    return text
+    """``cancelled by operator`` -> ``operator cancel``, kept short for a table cell."""
+    if reason.startswith("cancelled by "):
+        return reason.removeprefix("cancelled by ") + " cancel"
+    return reason
 
 
 class LogLine(NamedTuple):  # a tuple: cheap to make by the hundred thousand
@@ -161,100 +166,109 @@ class LogStore:
 
 
 class RunModel:
-    """The run as the TUI shows it."""
+    """The run as the TUI shows it, folded from events (or a snapshot, then events).
 
-    def __init__(
-        self,
-        run_id: str,
-        command: Sequence[str],
-        world_size: int,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    Times are wall-clock seconds, from the events where they carry one, else from ``clock``:
+    a viewer in another process computes the same ages and countdowns.
+    """
+
+    def __init__(self, run_id: str, command: Sequence[str], world_size: int,
+                 clock: Callable[[], float] = time.time) -> None:
         self.run_id = run_id
         self.command = list(command)
         self.world_size = world_size
         self.clock = clock
-        self.started_mono = clock()
-        self.ended_mono: float | None = None
+        self.started_at = clock()
+        self.ended_at: float | None = None
         self.state = "starting"
-        self.stop_reason = ""
-        self.stop_deadline: float | None = None  # on self.clock
+        self.stop: ev.RunStopping | None = None
+        self.stop_deadline: float | None = None
         self.live_ranks: tuple[int, ...] = ()
         # Before a rank starts its local rank is already known (one node): no misleading 0s.
         self.ranks: dict[int, RankRow] = {r: RankRow(r, local_rank=r) for r in range(world_size)}
+        self.verdict: ev.VerdictReached | None = None
         self.logs = LogStore()
         self.notices: deque[str] = deque(maxlen=50)
         self.changed = True
 
+    @property
+    def stop_reason(self) -> str:
+        return self.stop.reason if self.stop else ""
+
+    def row(self, rank: int) -> RankRow:
+        return self.ranks.setdefault(rank, RankRow(rank))
+
     def apply(self, event: ev.Event) -> None:
         self.changed = True
-        now = self.clock()
         match event:
             case ev.RankOutput(rank=rank) as output:
-                row = self.ranks.setdefault(rank, RankRow(rank))
-                row.last_output_mono = now
+                row = self.row(rank)
+                row.last_output_at = self.clock()
                 row.last_line = output.last_line
-                row.quiet = False
                 self.logs.add(output)
-            case ev.RunStarted():
-                self.state = "running"
-            case ev.RankStarted(rank=rank, local_rank=local_rank, pid=pid):
-                row = self.ranks.setdefault(rank, RankRow(rank))
-                row.local_rank, row.pid, row.state, row.started_mono = (
-                    local_rank, pid, "running", now)
-            case ev.RankSampled(rank=rank) as sample:
-                self._sampled(sample)
-            case ev.RankSignalled(rank=rank, signal=sig, reason=reason):
-                row = self.ranks.setdefault(rank, RankRow(rank))
-                row.sent.append((sig, reason))
-                if row.ended_mono is None and not reason.startswith("forward"):
-                    row.state = "stopping"
-            case ev.RankExited(rank=rank, exit_code=code, signal=sig, signalled_first=first):
-                row = self.ranks.setdefault(rank, RankRow(rank))
-                row.exit_code, row.signal, row.ended_mono = code, sig, now
-                if sig is not None:
-                    row.state = "killed"
-                elif code not in (0, 3, 4, 5, 6) and not first:
-                    row.state = "failed"
-                else:
-                    row.state = "exited"
-            case ev.RunStopping(reason=reason, grace=grace, live_ranks=live):
-                self.state = "stopping"
-                self.stop_reason = reason
-                self.stop_deadline = now + grace
-                self.live_ranks = live
+            case ev.RankSampled():
+                self._sampled(event)
+            case ev.RankStateChanged(rank=rank, state=state):
+                self.row(rank).state = state
+            case ev.RankStarted(rank=rank, local_rank=local_rank, pid=pid, at=at):
+                row = self.row(rank)
+                row.local_rank, row.pid, row.started_at = local_rank, pid, at
+            case ev.RankSignalled(rank=rank, signal=sig, purpose=purpose, reason=reason):
+                self.row(rank).sent.append((sig, purpose, reason))
+            case ev.RankExited(rank=rank, exit_code=code, signal=sig, at=at):
+                row = self.row(rank)
+                row.exit_code, row.signal, row.ended_at = code, sig, at
+                self.live_ranks = tuple(r for r in self.live_ranks if r != rank)
+            case ev.RankProgressed(rank=rank, step=step, total=total, metrics=metrics):
+                row = self.row(rank)
+                row.step, row.total, row.metrics = step, total, dict(metrics)
+            case _:
+                self._run_event(event)
+
+    def _run_event(self, event: ev.Event) -> None:
+        match event:
+            case ev.RunStarted(at=at):
+                self.state, self.started_at = "running", at
+            case ev.RunStopping(live_ranks=live) as stopping:
+                self.state, self.stop, self.live_ranks = "stopping", stopping, live
+                self.stop_deadline = stopping.deadline_at
             case ev.StopCountdown(seconds_left=left, live_ranks=live):
-                self.stop_deadline = now + left
-                self.live_ranks = live
+                self.stop_deadline, self.live_ranks = self.clock() + left, live
             case ev.RunStalled(seconds=seconds, ranks=ranks):
                 self.notices.append(f"stalled: no progress from rank(s) {ranks} for {seconds:g} s")
             case ev.SignalForwarded(signal=sig, ranks=ranks):
-                name = signal.Signals(sig).name
-                self.notices.append(f"{name} forwarded to {len(ranks)} rank(s)")
-            case ev.RankProgressed(rank=rank, step=step, total=total, metrics=metrics):
-                row = self.ranks.setdefault(rank, RankRow(rank))
-                row.step, row.total, row.metrics = step, total, dict(metrics)
-            case ev.RankReportedStop(rank=rank, signal=sig, outside=outside):
-                if outside and sig:
-                    self.notices.append(f"rank {rank} received {sig} from outside forgelm-tui")
-            case ev.RunFinished():
-                self.state = "finished"
-                self.ended_mono = now
-            case _:
-                pass
+                self.notices.append(f"{signal_name(sig)} forwarded to {len(ranks)} rank(s)")
+            case ev.RankReportedStop(rank=rank, signal=sig, foreign=True) if sig:
+                self.notices.append(f"rank {rank} received {sig} from outside forgelm-tui")
+            case ev.RunFinished(at=at):
+                self.state, self.ended_at = "finished", at
+            case ev.VerdictReached() as verdict:
+                self.state, self.verdict = "finished", verdict
+
+    def restore(self, snapshot: ev.RunSnapshot) -> None:
+        """Start from a snapshot: what a viewer that saw every event up to it would show."""
+        self.world_size, self.started_at = snapshot.world_size, snapshot.started_at or 0.0
+        self.ranks = {r.rank: _row(r) for r in snapshot.ranks}
+        self.state = "running" if snapshot.started_at is not None else "starting"
+        if snapshot.stop is not None:
+            self._run_event(snapshot.stop)
+            self.live_ranks = tuple(r.rank for r in snapshot.ranks if r.pid is not None
+                                    and r.ended_at is None)
+        if snapshot.finished_at is not None:
+            self._run_event(ev.RunFinished(snapshot.finished_at))
+        if snapshot.verdict is not None:
+            self._run_event(snapshot.verdict)
+        self.changed = True
 
     def _sampled(self, sample: ev.RankSampled) -> None:
-        row = self.ranks.setdefault(sample.rank, RankRow(sample.rank))
+        row = self.row(sample.rank)
         row.cpu_percent = sample.cpu_percent
         row.rss_bytes = sample.rss_bytes
         row.children = sample.children
-        row.quiet = sample.quiet
-        if row.state in ("running", "quiet"):
-            row.state = "quiet" if sample.quiet else "running"
 
     def elapsed(self) -> float:
-        end = self.ended_mono if self.ended_mono is not None else self.clock()
-        return max(0.0, end - self.started_mono)
+        end = self.ended_at if self.ended_at is not None else self.clock()
+        return max(0.0, end - self.started_at)
 
     def seconds_left(self) -> float | None:
         if self.stop_deadline is None or self.state != "stopping":
@@ -262,13 +276,23 @@ class RunModel:
         return max(0.0, self.stop_deadline - self.clock())
 
     def uptime(self, row: RankRow) -> float | None:
-        if row.started_mono is None:
+        if row.started_at is None:
             return None
-        end = row.ended_mono if row.ended_mono is not None else self.clock()
-        return max(0.0, end - row.started_mono)
+        end = row.ended_at if row.ended_at is not None else self.clock()
+        return max(0.0, end - row.started_at)
 
     def output_age(self, row: RankRow) -> float | None:
-        if row.ended_mono is not None:
+        if row.ended_at is not None:
             return None
-        since = row.last_output_mono or row.started_mono
+        since = row.last_output_at or row.started_at
         return None if since is None else max(0.0, self.clock() - since)
+
+
+def _row(snap: ev.RankSnapshot) -> RankRow:
+    return RankRow(
+        rank=snap.rank, local_rank=snap.local_rank, pid=snap.pid, state=snap.state,
+        cpu_percent=snap.cpu_percent, rss_bytes=snap.rss_bytes, children=snap.children,
+        started_at=snap.started_at, ended_at=snap.ended_at, last_output_at=snap.last_output_at,
+        last_line=snap.last_line, exit_code=snap.exit_code, signal=snap.signal,
+        sent=[(s.signal, s.purpose, s.reason) for s in snap.signals], step=snap.step,
+        total=snap.total, metrics=dict(snap.metrics))

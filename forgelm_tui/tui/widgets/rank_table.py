@@ -90,13 +90,13 @@ class RankTable(DataTable[Text]):
 
     def cells(self, model: RunModel, row: RankRow) -> dict[str, tuple[str, str]]:
         """Each cell as (plain text, style): cheap to compare, made into Text only if changed."""
-        style = STATE_STYLES.get(row.state, "")
-        active = row.ended_mono is None and row.pid is not None
+        style = STATE_STYLES.get(row.state.value, "")
+        active = row.ended_at is None and row.pid is not None
         return {
             "rank": (str(row.rank), "bold"),
             "local": (str(row.local_rank), ""),
             "pid": (str(row.pid or "-"), ""),
-            "state": (row.state, style),
+            "state": (row.state.value, style),
             "cpu": (f"{row.cpu_percent:5.1f}" if active else "-", ""),
             "rss": (human_bytes(row.rss_bytes) if active and row.rss_bytes else "-", ""),
             "children": (str(row.children) if active else "-", ""),

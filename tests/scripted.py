@@ -1,7 +1,8 @@
 """A scripted run for the TUI: the same surface as the real session, driven by hand.
 
-The snapshot tests, the Pilot tests and the screenshot script all use these states, so the
-screenshots in the README are exactly what the tests check.
+The snapshot tests, the Pilot tests and the screenshot script (screenshots/make.py) all use
+these states, so the screenshots in the README are exactly what the tests check. Test code:
+it lives in tests/, not in the package.
 """
 
 from __future__ import annotations
@@ -13,17 +14,22 @@ from pathlib import Path
 from typing import Any
 
 from forgelm_tui import envelope as env_mod
+from forgelm_tui.ending import RunEnding
 from forgelm_tui.engine import events as ev
-from forgelm_tui.engine.records import CancelRequest, Purpose, RankRecord, SignalSent, StopRecord
-from forgelm_tui.run import Outcome
+from forgelm_tui.engine.events import ProgressSource, Purpose, RankState, SignalSent, Stream
+from forgelm_tui.engine.records import CancelRequest, CancelSource, RankRecord, StopRecord
+from forgelm_tui.plan import RunInfo
+from forgelm_tui.signames import signal_name
 from forgelm_tui.verdict import Contract, StopFacts, StopKind, decide
 
 T0 = 1_796_040_000.0  # a fixed epoch second, so every rendered time is the same on every run
 
 
 class FakeClock:
+    """Wall-clock seconds under the test's control."""
+
     def __init__(self) -> None:
-        self.now = 1000.0
+        self.now = T0
 
     def __call__(self) -> float:
         return self.now
@@ -43,9 +49,9 @@ class ScriptedRun:
         self.command = command or ["forgelm-tui", "--nproc-per-node", str(world_size),
                                    "--config", "job.yaml"]
         self.commands: list[tuple[str, Any]] = []
-        self.outside = False
+        self.by_signal = False
         self._listeners: list[Callable[[ev.Event], None]] = []
-        self._outcome: asyncio.Future[Outcome] | None = None
+        self._outcome: asyncio.Future[RunEnding] | None = None
 
     def subscribe(self, listener: Callable[[ev.Event], None]) -> None:
         self._listeners.append(listener)
@@ -55,23 +61,26 @@ class ScriptedRun:
             for listener in self._listeners:
                 listener(event)
 
-    def request_cancel(self, origin: str = "operator", sig: int = signal.SIGINT) -> None:
+    def request_cancel(self, origin: str = "operator", sig: int = signal.SIGINT, *,
+                       source: CancelSource = CancelSource.OPERATOR,
+                       cause: str | None = None) -> str:
         self.commands.append(("cancel", origin))
+        return "stop"
 
     def kill_now(self, origin: str = "operator") -> None:
         self.commands.append(("kill", origin))
 
     def forward(self, sig: int) -> None:
-        self.commands.append(("forward", signal.Signals(sig).name))
+        self.commands.append(("forward", signal_name(sig)))
 
-    def cancelled_from_outside(self) -> bool:
-        return self.outside
+    def cancelled_by_signal(self) -> bool:
+        return self.by_signal
 
-    async def run(self) -> Outcome:
+    async def run(self) -> RunEnding:
         self._outcome = asyncio.get_running_loop().create_future()
         return await self._outcome
 
-    def finish(self, outcome: Outcome) -> None:
+    def finish(self, outcome: RunEnding) -> None:
         assert self._outcome is not None, "the app has not started the run yet"
         self._outcome.set_result(outcome)
 
@@ -79,27 +88,49 @@ class ScriptedRun:
 # ---------------------------------------------------------------------- the states
 
 
+def _state(run: ScriptedRun, rank: int, state: RankState) -> None:
+    run.emit(ev.RankStateChanged(rank, state))
+
+
 def start_ranks(run: ScriptedRun, clock: FakeClock, quiet: int | None = None) -> None:
     run.emit(ev.RunStarted(run.run_id, run.world_size, ("python",), "/runs/x", T0))
     for rank in range(run.world_size):
         run.emit(ev.RankStarted(rank, rank, 41000 + rank, T0))
+        _state(run, rank, RankState.RUNNING)
     clock.advance(95)
     for step in range(1, 4):
         for rank in range(run.world_size):
             if rank != quiet:
                 line = f"{{'loss': {2.5 - 0.1 * step - 0.01 * rank:.4f}, 'step': {step * 10}}}"
-                run.emit(ev.RankOutput.of(rank, "stdout", (line,)))
+                run.emit(ev.RankOutput.of(rank, Stream.STDOUT, (line,)))
     for rank in range(run.world_size):
         if rank != quiet:
-            run.emit(ev.RankProgressed(rank, 30, 1200, {"loss": 2.2 - 0.01 * rank}))
+            run.emit(ev.RankProgressed(rank, 30, 1200, {"loss": 2.2 - 0.01 * rank},
+                                       ProgressSource.CHANNEL))
     if quiet is not None:
-        run.emit(ev.RankOutput.of(quiet, "stderr", ("waiting at barrier (rank idles while rank 0 "
-                                                 "evaluates)",)))
+        run.emit(ev.RankOutput.of(quiet, Stream.STDERR, (
+            "waiting at barrier (rank idles while rank 0 evaluates)",)))
     clock.advance(2)
     for rank in range(run.world_size):
         is_quiet = rank == quiet
         run.emit(ev.RankSampled(rank, 0.0 if is_quiet else 97.5 - rank, 1_503_238_553 + rank
-                                * 1_048_576, 2, 42.0 if is_quiet else 2.0, is_quiet))
+                                * 1_048_576, 2, 42.0 if is_quiet else 2.0))
+        if is_quiet:
+            _state(run, rank, RankState.QUIET)
+
+
+def _stop(run: ScriptedRun, clock: FakeClock, ranks: tuple[int, ...], kind: StopKind,
+          reason: str, origin: str) -> None:
+    for rank in ranks:
+        run.emit(ev.RankSignalled(rank, signal.SIGTERM, Purpose.STOP, reason, clock()))
+        _state(run, rank, RankState.STOPPING)
+    run.emit(ev.RunStopping(kind, reason, origin, run.grace, ranks, clock()))
+
+
+def _exit(run: ScriptedRun, clock: FakeClock, rank: int, code: int | None, sig: int | None,
+          state: RankState) -> None:
+    run.emit(ev.RankExited(rank, code, sig, sig is not None, clock()))
+    _state(run, rank, state)
 
 
 def state_running(run: ScriptedRun, clock: FakeClock) -> None:
@@ -111,15 +142,11 @@ def state_cancelling(run: ScriptedRun, clock: FakeClock) -> None:
     """The operator cancelled; rank 3 ignores SIGTERM and the grace counts down."""
     start_ranks(run, clock)
     live = tuple(range(run.world_size))
-    reason = "stop: cancelled by operator"
-    for rank in live:
-        run.emit(ev.RankSignalled(rank, signal.SIGTERM, reason, T0 + 97))
-    run.emit(ev.RunStopping("cancel", "cancelled by operator", run.grace, clock() + run.grace,
-                            live, T0 + 97))
+    _stop(run, clock, live, StopKind.CANCEL, "cancelled by operator", "operator")
     clock.advance(1)
     for rank in live:
         if rank != 3:
-            run.emit(ev.RankExited(rank, None, signal.SIGTERM, True, T0 + 98))
+            _exit(run, clock, rank, None, signal.SIGTERM, RankState.KILLED)
     clock.advance(5)
     run.emit(ev.StopCountdown(run.grace - 6, (3,)))
 
@@ -142,10 +169,10 @@ def _records(world: int, ends: dict[int, tuple[int | None, int | None, float, li
 
 def _outcome(run: ScriptedRun, records: list[RankRecord], stop: StopRecord | None,
              cancels: list[CancelRequest], results: dict[int, dict[str, Any]],
-             envelope_dir: Path | None) -> Outcome:
+             envelope_dir: Path | None) -> RunEnding:
     facts = StopFacts(stop.kind, stop.signal) if stop else None
-    verdict = decide([r.outcome() for r in records], facts, Contract.FORGELM)
-    info = env_mod.RunInfo(run_id=run.run_id, command=run.command, mode="forgelm",
+    verdict = decide([r.ending() for r in records], facts, Contract.FORGELM)
+    info = RunInfo(run_id=run.run_id, command=run.command, mode="forgelm",
                            contract=Contract.FORGELM, world_size=run.world_size,
                            nproc_per_node=run.world_size, started_at=T0, ended_at=T0 + 130,
                            run_dir="/runs/x", grace=run.grace, drain=60.0)
@@ -155,25 +182,25 @@ def _outcome(run: ScriptedRun, records: list[RankRecord], stop: StopRecord | Non
         target = envelope_dir / "envelope.json"
         env_mod.write_atomic(target, envelope)
         path = str(target)
-    return Outcome(verdict, envelope, path, [])
+    return RunEnding(verdict, envelope, path)
 
 
-def state_failed(run: ScriptedRun, clock: FakeClock, envelope_dir: Path | None = None) -> Outcome:
+def state_failed(run: ScriptedRun, clock: FakeClock, envelope_dir: Path | None = None) -> RunEnding:
     """Rank 1 crashed on its own; the others were stopped; the verdict names rank 1."""
     start_ranks(run, clock)
     trace = ["Traceback (most recent call last):",
              '  File "forgelm/trainer.py", line 812, in train',
              "    loss.backward()",
              "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"]
-    run.emit(ev.RankOutput.of(1, "stderr", tuple(trace)))
-    run.emit(ev.RankExited(1, 2, None, False, T0 + 120))
+    run.emit(ev.RankOutput.of(1, Stream.STDERR, tuple(trace)))
+    _exit(run, clock, 1, 2, None, RankState.FAILED)
     reason = "rank 1 failed (exit 2)"
     sent = [SignalSent(signal.SIGTERM, T0 + 120.001, reason, Purpose.STOP)]
-    others = [r for r in range(run.world_size) if r != 1]
+    others = tuple(r for r in range(run.world_size) if r != 1)
+    _stop(run, clock, others, StopKind.FAILURE, reason, "failure")
     for rank in others:
-        run.emit(ev.RankSignalled(rank, signal.SIGTERM, f"stop: {reason}", T0 + 120.001))
-        run.emit(ev.RankExited(rank, None, signal.SIGTERM, True, T0 + 121))
-    run.emit(ev.RunFinished(T0 + 121))
+        _exit(run, clock, rank, None, signal.SIGTERM, RankState.KILLED)
+    run.emit(ev.RunFinished(clock()))
     ends: dict[int, tuple[int | None, int | None, float, list[SignalSent]]] = {
         r: (None, signal.SIGTERM, 121.0, sent) for r in others}
     ends[1] = (2, None, 120.0, [])
@@ -183,7 +210,7 @@ def state_failed(run: ScriptedRun, clock: FakeClock, envelope_dir: Path | None =
 
 
 def state_approval(run: ScriptedRun, clock: FakeClock,
-                   envelope_dir: Path | None = None) -> Outcome:
+                   envelope_dir: Path | None = None) -> RunEnding:
     """Both ranks staged their model and exit 4: awaiting human approval."""
     start_ranks(run, clock)
     results = {}
@@ -192,10 +219,10 @@ def state_approval(run: ScriptedRun, clock: FakeClock,
         result = {"success": True, "awaiting_approval": True, "run_id": run_id,
                   "staging_path": f"/jobs/tiny/out/final_model.staging.{run_id}"}
         results[rank] = result
-        run.emit(ev.RankOutput.of(rank, "stdout", ('{', '  "success": true,',
-                                                '  "awaiting_approval": true', '}')))
-        run.emit(ev.RankExited(rank, 4, None, False, T0 + 125))
-    run.emit(ev.RunFinished(T0 + 125))
+        run.emit(ev.RankOutput.of(rank, Stream.STDOUT, ('{', '  "success": true,',
+                                                      '  "awaiting_approval": true', '}')))
+        _exit(run, clock, rank, 4, None, RankState.EXITED)
+    run.emit(ev.RunFinished(clock()))
     ends: dict[int, tuple[int | None, int | None, float, list[SignalSent]]] = {
         r: (4, None, 125.0, []) for r in range(run.world_size)}
     records = _records(run.world_size, ends)

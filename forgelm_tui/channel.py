@@ -1,0 +1,87 @@
+"""The progress channel's protocol (rank -> supervisor), in one place. Schema: docs/channel.md.
+
+One JSON object per Unix datagram, at most ``MAX_DATAGRAM`` bytes, on the abstract socket the
+supervisor names in ``FORGELM_TUI_CHANNEL``. Version 1: every message has ``v``, ``rank``,
+``kind`` and ``t``; unknown kinds and fields are ignored (a newer rank helper under an older
+supervisor loses nothing that matters). Imported by both sides: stdlib only.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+CHANNEL_ENV = "FORGELM_TUI_CHANNEL"
+VERSION = 1
+MAX_DATAGRAM = 8192
+
+
+class MessageKind(StrEnum):
+    PROGRESS = "progress"  # step, total, metrics: training moved on
+    HEARTBEAT = "heartbeat"  # alive though silent
+    STOP_REQUESTED = "stop_requested"  # a stop signal reached the rank (signal, via)
+    STOPPED = "stopped"  # the rank left its loop at an agreed step (step, signal)
+
+
+@dataclass(frozen=True)
+class Message:
+    """A decoded message; fields of the wrong type are dropped, not trusted."""
+
+    rank: int
+    kind: MessageKind
+    at: float
+    step: int | None = None
+    total: int | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    signal: str | None = None
+
+
+def channel_name(run_id: str, token: str) -> str:
+    """``@forgelm-tui-<run>-<token>``: ``@`` marks the abstract namespace (no file to clean)."""
+    return f"@forgelm-tui-{run_id}-{token}"
+
+
+def socket_address(name: str) -> str | bytes:
+    """``@name`` is an abstract socket (no file, no path length limit); else a path."""
+    return b"\0" + name[1:].encode() if name.startswith("@") else name
+
+
+def encode(rank: int, kind: MessageKind, **fields: Any) -> bytes:
+    message = {"v": VERSION, "rank": rank, "kind": kind.value, "t": time.time(), **fields}
+    return json.dumps(message, default=str).encode()[:MAX_DATAGRAM]
+
+
+def decode(data: bytes) -> Message | None:
+    """A message, or None for anything that is not one (bad JSON, unknown kind, no rank)."""
+    try:
+        raw = json.loads(data)
+    except ValueError:
+        return None
+    if not isinstance(raw, dict) or type(raw.get("rank")) is not int:
+        return None
+    try:
+        kind = MessageKind(str(raw.get("kind")))
+    except ValueError:
+        return None
+    metrics = raw.get("metrics")
+    return Message(
+        rank=raw["rank"],
+        kind=kind,
+        at=_number(raw.get("t")) or 0.0,
+        step=_int(raw.get("step")),
+        total=_int(raw.get("total")),
+        metrics={str(k): float(v) for k, v in metrics.items() if _number(v) is not None}
+        if isinstance(metrics, dict) else {},
+        signal=raw["signal"] if isinstance(raw.get("signal"), str) else None,
+    )
+
+
+def _int(value: Any) -> int | None:
+    return value if type(value) is int else None
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if type(value) in (int, float) else None

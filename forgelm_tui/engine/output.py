@@ -1,0 +1,103 @@
+"""Rank output: pipes -> per-rank log files -> one event per read chunk.
+
+Every byte goes to the rank's log file as it arrives, whatever any view does; views get
+:class:`RankOutput` events of complete lines. Nothing here is per line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from typing import IO
+
+from forgelm_tui.engine import events as ev
+from forgelm_tui.engine.events import Stream
+from forgelm_tui.engine.progress import ProgressReader
+from forgelm_tui.engine.records import STDERR_TAIL_LINES, RankRecord
+from forgelm_tui.engine.sanitize import LineSplitter
+
+READ_CHUNK = 1 << 16
+LOG_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+
+
+class OutputDrain:
+    def __init__(self, loop: asyncio.AbstractEventLoop, emit: Callable[[ev.Event], None],
+                 progress: ProgressReader, on_closed: Callable[[], None]) -> None:
+        self._loop = loop
+        self._emit = emit
+        self._progress = progress
+        self._on_closed = on_closed
+        self._log_fds: dict[int, int] = {}  # pipe fd -> log fd
+        self._pipes: dict[int, IO[bytes]] = {}  # pipe fd -> the pipe, closed once, by us
+
+    @property
+    def open(self) -> bool:
+        return bool(self._log_fds)
+
+    def attach(self, record: RankRecord, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdout is not None and proc.stderr is not None
+        for pipe, stream, path in ((proc.stdout, Stream.STDOUT, record.stdout_log),
+                                   (proc.stderr, Stream.STDERR, record.stderr_log)):
+            fd = pipe.fileno()
+            self._pipes[fd] = pipe
+            self._log_fds[fd] = os.open(path, LOG_FLAGS, 0o644)
+            self._loop.add_reader(fd, self._readable, record, stream, fd, LineSplitter())
+
+    def _readable(self, record: RankRecord, stream: Stream, fd: int,
+                  splitter: LineSplitter) -> None:
+        try:
+            data = os.read(fd, READ_CHUNK)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._close(fd)
+            self._deliver(record, stream, splitter.flush())
+            self._on_closed()
+            return
+        _write_all(self._log_fds[fd], data)
+        if stream is Stream.STDOUT:
+            record.stdout_bytes += len(data)
+        else:
+            record.stderr_bytes += len(data)
+        record.last_output_at = time.time()
+        record.last_output_mono = record.last_progress_mono = time.monotonic()
+        self._deliver(record, stream, splitter.split(data))
+        if b"\r" in data:
+            partial = splitter.partial()
+            if partial:
+                self._progress.read_output(record, partial.encode())
+
+    def _deliver(self, record: RankRecord, stream: Stream, block: bytes | None) -> None:
+        if block is None:
+            return
+        output = ev.RankOutput(record.rank, stream, block)
+        record.last_line = output.last_line
+        if stream is Stream.STDERR:
+            record.stderr_tail.extend(output.tail(STDERR_TAIL_LINES))
+        self._emit(output)
+        self._progress.read_output(record, block)
+
+    def _close(self, fd: int) -> None:
+        self._loop.remove_reader(fd)
+        with contextlib.suppress(OSError):
+            self._pipes.pop(fd).close()
+        log_fd = self._log_fds.pop(fd, None)
+        if log_fd is not None:
+            os.close(log_fd)
+
+    def close_all(self) -> None:
+        for fd in list(self._log_fds):
+            self._close(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]

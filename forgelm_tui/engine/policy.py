@@ -1,0 +1,175 @@
+"""The stop policy: when to stop every rank, how long to wait, when to kill. Pure logic.
+
+Driven by facts (a rank ended, a cancel arrived, progress was checked) and by an injected clock
+and timers; it acts only through :class:`StopEffects`. No process, loop or signal handler is
+touched here, so every rule is tested in-process without a real wait (tests/test_policy.py).
+
+Rules (SPEC §4): a rank that fails on its own, or dies of a forwarded signal, stops every rank
+at once; a cancel stops them, and a *distinct* second cancel escalates to SIGKILL (one cause seen
+twice is one request); when rank 0 ends with an outcome code the others get the drain window;
+with a stall timeout, no progress from any rank for that long stops the run. A stop is SIGTERM
+to every live rank in one pass and one shared deadline, the grace, then SIGKILL.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from forgelm_tui.engine import events as ev
+from forgelm_tui.engine.events import Purpose
+from forgelm_tui.engine.records import CancelRequest, CancelSource, RankRecord, StopRecord
+from forgelm_tui.signames import signal_name
+from forgelm_tui.verdict import StopKind
+
+Clock = Callable[[], float]
+
+
+class Timers(Protocol):
+    def start(self, name: str, delay: float, callback: Callable[[], None]) -> None: ...
+    def cancel(self, name: str) -> None: ...
+
+
+class StopEffects(Protocol):
+    """What the policy asks of the engine."""
+
+    def signal_ranks(self, ranks: Sequence[RankRecord], sig: int, purpose: Purpose,
+                     reason: str) -> Sequence[RankRecord]: ...
+    def rank_changed(self, record: RankRecord) -> None: ...
+    def emit(self, event: ev.Event) -> None: ...
+
+
+@dataclass(frozen=True)
+class PolicySettings:
+    grace: float = 30.0
+    drain: float = 60.0
+    stall_timeout: float | None = None
+    quiet_after: float = 10.0
+
+
+class StopPolicy:
+    def __init__(self, records: Mapping[int, RankRecord], settings: PolicySettings,
+                 effects: StopEffects, timers: Timers, clock: Clock = time.monotonic,
+                 wall: Clock = time.time) -> None:
+        self.records = records
+        self.settings = settings
+        self.effects = effects
+        self.timers = timers
+        self.clock = clock
+        self.wall = wall
+        self.stop: StopRecord | None = None
+        self.cancels: list[CancelRequest] = []
+        self._causes: set[str] = set()
+
+    def live(self) -> list[RankRecord]:
+        return [r for r in self.records.values() if r.alive]
+
+    # ------------------------------------------------------------------ facts
+
+    def rank_ended(self, record: RankRecord) -> None:
+        if self.stop is not None:
+            return
+        if record.forwarded_death and record.signal is not None:
+            name = signal_name(record.signal)
+            self.begin(StopKind.FORWARDED, f"rank {record.rank} ended on {name}, forwarded by "
+                       "forgelm-tui", "forwarded signal", record.signal)
+        elif record.ending().failed_on_own:
+            how = (f"killed by {signal_name(record.signal)}" if record.signal is not None
+                   else f"exit {record.exit_code}")
+            self.begin(StopKind.FAILURE, f"rank {record.rank} failed ({how})", "failure")
+        elif record.rank == 0 and self.live():
+            self.timers.start("drain", self.settings.drain, self._drain_ended)
+
+    def launch_failed(self, message: str) -> None:
+        self.begin(StopKind.FAILURE, message, "launch")
+
+    def progress_checked(self, now: float) -> None:
+        """After a sample pass: mark quiet ranks, and stop a run in which none progresses."""
+        timeout = self.settings.stall_timeout
+        quiet_after = min(self.settings.quiet_after, timeout or float("inf"))
+        live = self.live()
+        for record in live:
+            quiet = now - (record.last_progress_mono or now) >= quiet_after
+            if quiet != record.quiet:
+                record.quiet = quiet
+                self.effects.rank_changed(record)
+        if timeout is None or self.stop is not None or not live:
+            return
+        if min(now - (r.last_progress_mono or now) for r in live) < timeout:
+            return
+        for record in live:
+            record.stalled = True
+        self.effects.emit(ev.RunStalled(timeout, tuple(r.rank for r in live)))
+        self.begin(StopKind.STALL, f"stalled: no rank made progress for {timeout:g} s", "stall")
+
+    # ------------------------------------------------------------------ commands
+
+    def cancel(self, source: CancelSource, origin: str, sig: int, cause: str | None = None) -> str:
+        """A cancel request; returns its effect: "stop", "kill" or "merged".
+
+        ``cause`` names what the request stands for ("hang-up" for SIGHUP and a lost terminal
+        alike): a cause already seen adds nothing, so one cause is never an escalation.
+        """
+        if cause is not None and cause in self._causes:
+            effect = "merged"
+        else:
+            effect = "stop" if self.stop is None else "kill"
+        if cause is not None:
+            self._causes.add(cause)
+        self.cancels.append(CancelRequest(source, origin, sig, self.wall(), effect))
+        if effect == "stop":
+            self.begin(StopKind.CANCEL, f"cancelled by {origin}", origin, sig)
+        elif effect == "kill":
+            self.kill_pass(f"second cancel by {origin}: kill now")
+        return effect
+
+    def kill_now(self, source: CancelSource, origin: str) -> None:
+        """SIGKILL every live rank now (starting a stop first when none is under way)."""
+        if self.stop is None:
+            self.cancels.append(CancelRequest(source, origin, signal.SIGKILL, self.wall(), "kill"))
+            self.begin(StopKind.CANCEL, f"killed by {origin}", origin, signal.SIGKILL)
+        self.kill_pass(f"kill now by {origin}")
+
+    # ------------------------------------------------------------------ the stop
+
+    def begin(self, kind: StopKind, reason: str, origin: str, sig: int | None = None) -> None:
+        if self.stop is not None:
+            return
+        grace = self.settings.grace
+        self.stop = StopRecord(kind, reason, origin, sig, self.wall(), self.clock() + grace)
+        self.timers.cancel("drain")
+        live = self.live()
+        self.effects.signal_ranks(live, signal.SIGTERM, Purpose.STOP, reason)
+        self.effects.emit(ev.RunStopping(kind, reason, origin, grace,
+                                         tuple(r.rank for r in live), self.stop.at))
+        if live:
+            self.timers.start("kill", grace, lambda: self.kill_pass(f"grace of {grace:g} s ended"))
+            self.timers.start("countdown", 1.0, self._countdown)
+
+    def kill_pass(self, reason: str) -> None:
+        self.timers.cancel("kill")
+        live = self.live()
+        if self.stop is not None and self.stop.killed_at is None and live:
+            self.stop.killed_at = self.wall()
+        self.effects.signal_ranks(live, signal.SIGKILL, Purpose.KILL, reason)
+
+    def seconds_left(self) -> float | None:
+        if self.stop is None:
+            return None
+        return max(0.0, self.stop.deadline_mono - self.clock())
+
+    def _drain_ended(self) -> None:
+        if self.live() and self.stop is None:
+            reason = f"drain window of {self.settings.drain:g} s ended after rank 0 finished"
+            self.begin(StopKind.DRAIN, reason, "drain")
+
+    def _countdown(self) -> None:
+        live = self.live()
+        left = self.seconds_left()
+        if not live or left is None:
+            return
+        self.effects.emit(ev.StopCountdown(left, tuple(r.rank for r in live)))
+        self.timers.start("countdown", 1.0, self._countdown)

@@ -1,0 +1,158 @@
+"""Events as data: every type through JSON and back; a late viewer from a snapshot sees what a
+viewer that saw every event sees; signal names for every number."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import rank_script
+
+from forgelm_tui.engine import events as ev
+from forgelm_tui.engine.codec import DecodeError, from_wire, to_wire
+from forgelm_tui.engine.events import ProgressSource, Purpose, RankState, SignalSent, Stream
+from forgelm_tui.engine.spec import LaunchSpec
+from forgelm_tui.plan import Plan, RunInfo
+from forgelm_tui.run import Session
+from forgelm_tui.signames import signal_name, signal_number
+from forgelm_tui.tui.model import RunModel
+from forgelm_tui.verdict import Contract, StopKind, Verdict
+
+pytestmark = pytest.mark.timeout(60)
+
+VERDICT = Verdict(2, "EXIT_TRAINING_ERROR", "runtime error", "investigate logs", 2,
+                  "root cause: rank 1 failed on its own (exit 7)", 1, ((2, 0), (3, 4)))
+RANK = ev.RankSnapshot(1, 1, 0, 4242, RankState.STOPPING, 1.5, None, None, None,
+                       (SignalSent(15, 2.0, "cancelled by operator", Purpose.STOP),),
+                       "step 3 \u00e9", 2.5, 3, 10, {"loss": 0.25}, ProgressSource.CHANNEL,
+                       12.5, 1 << 30, 2)
+STOPPING = ev.RunStopping(StopKind.CANCEL, "cancelled by operator", "operator", 30.0, (0, 1),
+                          1.0)
+EXAMPLES: list[Any] = [
+    ev.RunStarted("r1", 2, ("python", "-u", "t.py"), "/runs/r1", 1.0),
+    ev.RankStarted(0, 0, 4242, 1.25),
+    ev.RankStateChanged(0, RankState.QUIET),
+    ev.RankOutput(1, Stream.STDERR, b"line one\n\xff\xfe not utf-8 \x1b[31m\r\nlast"),
+    ev.RankSampled(0, 97.5, 1 << 31, 3, 4.5),
+    ev.RankSignalled(0, 40, Purpose.FORWARD, "SIGRTMIN+6 forwarded", 2.0),
+    ev.RankExited(1, None, 9, True, 3.0),
+    STOPPING,
+    ev.StopCountdown(12.5, (1,)),
+    ev.RunStalled(5.0, (0, 1)),
+    ev.SignalForwarded(10, (0, 1), 4.0),
+    ev.RankProgressed(0, 3, None, {"loss": float("inf"), "lr": 1e-4}, ProgressSource.OUTPUT),
+    ev.RankReportedStop(1, "SIGTERM", True, None),
+    ev.RunFinished(5.0),
+    ev.VerdictReached(VERDICT, "/runs/r1/envelope.json"),
+    ev.RunSnapshot("r1", 2, ("python",), "/runs/r1", 1.0, (RANK,), STOPPING, None,
+                   ev.VerdictReached(VERDICT, None)),
+]
+
+
+def test_every_event_type_has_an_example() -> None:
+    assert {type(e) for e in EXAMPLES} == {*ev.EVENT_TYPES, ev.RunSnapshot}
+
+
+@pytest.mark.parametrize("event", EXAMPLES, ids=[type(e).__name__ for e in EXAMPLES])
+def test_every_event_round_trips_through_json(event: Any) -> None:
+    text = json.dumps(to_wire(event))
+    back = from_wire(json.loads(text))
+    assert back == event
+    assert type(back) is type(event)
+    assert json.dumps(to_wire(back)) == text
+
+
+def test_what_is_not_an_event_is_refused() -> None:
+    for bad in ({}, {"type": "Nope"}, {"type": "RankExited", "rank": 1}, [], "x",
+                {"type": "RankStateChanged", "rank": 0, "state": "flying"}):
+        with pytest.raises(DecodeError):
+            from_wire(bad)  # type: ignore[arg-type]
+
+
+def test_every_signal_number_has_a_name_and_back() -> None:
+    names = [signal_name(n) for n in range(1, 65)]
+    assert names[39] == "SIGRTMIN+6" and names[61] == "SIGRTMAX-2"
+    assert (names[31], names[32], names[33], names[63]) == ("SIG32", "SIG33", "SIGRTMIN",
+                                                             "SIGRTMAX")
+    assert names[14] == "SIGTERM" and names[9] == "SIGUSR1"
+    assert [signal_number(n) for n in names] == list(range(1, 65))
+    assert signal_name(0) == "SIG0" and signal_name(200) == "SIG200"
+    assert signal_number("usr2") == signal.SIGUSR2 and signal_number("SIGNOPE") is None
+
+
+# ---------------------------------------------------------------------- snapshot + events
+
+
+def _plan(tmp_path: Path, argv: list[str], world: int) -> Plan:
+    spec = LaunchSpec(argv=tuple(argv), run_id="snap", run_dir=tmp_path / "run",
+                      nproc_per_node=world, master_addr="127.0.0.1", master_port=29999,
+                      grace=5.0, cwd=tmp_path)
+    spec.run_dir.mkdir()
+    info = RunInfo(run_id="snap", command=["forgelm-tui", *argv], mode="script",
+                   contract=Contract.FORGELM, world_size=world)
+    return Plan(spec=spec, info=info, envelope_paths=[spec.run_dir / "envelope.json"])
+
+
+def _view(model: RunModel) -> dict[int, tuple[Any, ...]]:
+    return {r.rank: (r.state, r.exit_code, r.signal, r.step, r.total, r.metrics, r.last_line,
+                     r.pid) for r in model.ranks.values()}
+
+
+def _verdict(model: RunModel) -> Any:
+    return model.verdict.verdict if model.verdict else None
+
+
+def test_a_viewer_from_a_mid_run_snapshot_sees_what_a_full_viewer_sees(tmp_path: Path) -> None:
+    argv = [sys.executable, rank_script("progress_then_fail.py")]
+    session = Session(_plan(tmp_path, argv, 3))
+    clock = lambda: 2_000_000_000.0  # noqa: E731  one injected clock for both viewers
+    full = RunModel("snap", argv, 3, clock)
+    late = RunModel("snap", argv, 3, clock)
+    session.subscribe(full.apply)
+    taken: list[ev.RunSnapshot] = []
+
+    def take() -> None:  # between two engine callbacks: a consistent moment
+        if not taken:
+            taken.append(session.snapshot())
+            late.restore(taken[0])
+            session.subscribe(late.apply)
+
+    def watch(event: ev.Event) -> None:
+        if isinstance(event, ev.RankProgressed) and (event.step or 0) >= 3 and not taken:
+            asyncio.get_running_loop().call_soon(take)
+
+    session.subscribe(watch)
+    ending = asyncio.run(session.run())
+    assert taken and any(r.step for r in taken[0].ranks) and taken[0].verdict is None
+    assert ending.verdict.code == 2 and ending.verdict.deciding_rank == 1
+    assert _view(late) == _view(full)
+    assert _verdict(late) == _verdict(full) == ending.verdict
+    assert full.ranks[1].state is RankState.FAILED and full.ranks[0].state is RankState.KILLED
+    # A viewer that arrives after the end starts from the final snapshot alone.
+    after = RunModel("snap", argv, 3, clock)
+    after.restore(from_wire(json.loads(json.dumps(to_wire(session.snapshot())))))
+    assert _view(after) == _view(full) and _verdict(after) == ending.verdict
+    assert after.state == full.state == "finished"
+
+
+def test_a_rank_killed_by_signal_40_stops_its_peer_and_is_named(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "forgelm_tui", "--no-tui", "--run-dir", str(tmp_path / "run"),
+         "--nproc-per-node", "2", "--grace", "5", rank_script("die_of_signal.py"), "1", "40"],
+        capture_output=True, text=True, timeout=50, cwd=tmp_path,
+        env={**__import__("os").environ, "CI": "true"})
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    envelope = json.loads((tmp_path / "run" / "envelope.json").read_text())
+    assert envelope["decided_by"]["rank"] == 1 and envelope["decided_by"]["rule"] == 2
+    assert "SIGRTMIN+6" in envelope["decided_by"]["explanation"]
+    assert envelope["ranks"][1]["signal"] == "SIGRTMIN+6"
+    peer = envelope["ranks"][0]
+    assert peer["signalled_by_supervisor"] is True and peer["signal"] == "SIGTERM"
+    assert "rank 1 killed by SIGRTMIN+6" in proc.stdout
