@@ -27,3 +27,19 @@ def test_imports_stay_light(modules: str, allowed: list[str]) -> None:
     proc = subprocess.run([sys.executable, "-c", PROBE.format(modules=modules)],
                           capture_output=True, text=True, timeout=20, check=True)
     assert proc.stdout.strip() == repr(allowed)
+
+
+def test_plan_and_ending_types_import_neither_views_nor_the_engine() -> None:
+    probe = ("import sys\nimport forgelm_tui.plan, forgelm_tui.ending, forgelm_tui.options\n"
+             "print(sorted(m for m in sys.modules if m.startswith(('forgelm_tui.engine.',"
+             " 'forgelm_tui.tui', 'forgelm_tui.headless', 'forgelm_tui.run', 'textual'))))\n")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=20, check=True)
+    # The launch spec is the engine's input: plain data, no process code.
+    assert proc.stdout.strip() == repr(["forgelm_tui.engine.spec"])
+
+
+def test_the_scripted_test_run_is_not_in_the_package() -> None:
+    import importlib.util
+
+    assert importlib.util.find_spec("forgelm_tui.tui.scripted") is None

@@ -114,3 +114,34 @@ def test_output_pipes_have_room_for_a_ui_frame(tmp_path: Path) -> None:
     for rank in range(2):
         line = (run.run_dir / f"rank-{rank}.stdout.log").read_text().strip()
         assert line == f"pipe sizes {PIPE_MAX} {PIPE_MAX}", line
+
+
+def test_headless_lines_for_engine_events() -> None:
+    """--no-tui's notices, from events alone (what the real runs above print as they happen)."""
+    import os
+
+    from forgelm_tui.engine import events as ev
+    from forgelm_tui.engine.events import Purpose, RankState
+    from forgelm_tui.headless import HeadlessView, OutputSink
+    from forgelm_tui.verdict import StopKind
+
+    read_fd, write_fd = os.pipe()
+    sink = OutputSink(write_fd)
+    view = HeadlessView(sink)
+    for event in (ev.RankSampled(1, 0.0, 1 << 20, 0, 12.4),
+                  ev.RankStateChanged(1, RankState.QUIET),
+                  ev.RankSignalled(0, 40, Purpose.FORWARD, "SIGRTMIN+6 forwarded", 1.0),
+                  ev.RunStopping(StopKind.FORWARDED, "rank 0 ended on SIGUSR1", "forwarded signal",
+                                 30.0, (1,), 2.0),
+                  ev.RankExited(0, None, 40, False, 3.0),
+                  ev.RankReportedStop(1, "SIGTERM", True, 7)):
+        view(event)
+    sink.close()
+    os.close(write_fd)
+    with os.fdopen(read_fd) as handle:
+        text = handle.read()
+    assert "rank 1 is quiet (no output for 12 s, no CPU use)" in text
+    assert "rank 0 <- SIGRTMIN+6 (forward: SIGRTMIN+6 forwarded)" in text
+    assert "stopping: rank 0 ended on SIGUSR1; SIGTERM sent to rank(s) 1, SIGKILL in 30 s" in text
+    assert "rank 0 killed by SIGRTMIN+6" in text
+    assert "rank 1 reported SIGTERM from outside forgelm-tui (stopped at step 7)" in text

@@ -74,7 +74,7 @@ def test_progress_from_the_channel(tmp_path: Path) -> None:
 
 
 def test_heartbeats_keep_a_silent_run_from_stalling(tmp_path: Path) -> None:
-    run = run_cli(["--nproc-per-node", "2", "--stall-timeout", "2",
-                   rank_script("heartbeat_only.py"), "5"], tmp_path)
+    run = run_cli(["--nproc-per-node", "2", "--stall-timeout", "1.5",
+                   rank_script("heartbeat_only.py"), "3"], tmp_path)
     assert run.proc.returncode == 0
     assert run.envelope()["stop"] is None

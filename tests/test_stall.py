@@ -1,4 +1,7 @@
-"""Stall detection: a run where no rank makes progress is stopped; one quiet rank is not."""
+"""Stall detection wired to real processes: a run where no rank makes progress is stopped.
+
+The rules (one quiet rank is only marked, heartbeats count, the quiet threshold) are tested
+in-process in test_policy.py; the quiet notice of --no-tui in test_output.py."""
 
 from __future__ import annotations
 
@@ -25,28 +28,17 @@ def test_silent_idle_ranks_are_a_stall(tmp_path: Path, marks: Path) -> None:
     assert "stalled: no progress from rank(s) 0,1 for 2 s" in out
 
 
-def test_one_quiet_rank_is_only_marked(tmp_path: Path) -> None:
-    run = run_cli(["--nproc-per-node", "2", "--stall-timeout", "2",
-                   rank_script("quiet_one.py"), "4"], tmp_path)
-    assert run.proc.returncode == 0
-    envelope = run.envelope()
-    assert envelope["stop"] is None
-    assert [r["stalled"] for r in envelope["ranks"]] == [False, False]
-    out, _ = run.output()
-    assert "rank 1 is quiet" in out
-
-
 @pytest.mark.timeout(90)
 def test_collective_deadlock_ends_within_stall_plus_grace(tmp_path: Path) -> None:
     from conftest import start, wait_for
 
     run = start(["demo", "--steps", "200", "--step-time", "0.05", "--hang-rank", "1",
-                 "--hang-step", "3", "--stall-timeout", "5", "--grace", "2"], tmp_path)
+                 "--hang-step", "3", "--stall-timeout", "2", "--grace", "2"], tmp_path)
     log = run.run_dir / "rank-1.stdout.log"
     wait_for(lambda: log.exists() and "stops taking part" in log.read_text(), 60, "the hang")
     hung = time.monotonic()
     assert run.wait(30) == 2
-    assert time.monotonic() - hung < 12
+    assert time.monotonic() - hung < 9
     envelope = run.envelope()
     assert envelope["stop"]["kind"] == "stall"
     assert [r["stalled"] for r in envelope["ranks"]] == [True, True]
