@@ -189,6 +189,7 @@ class SupervisorApp(App[int]):
 
     def show_ending(self, ending: RunEnding) -> None:
         self.ending = ending
+        self._close_question("The run has ended.")
         self.model.state = "finished"
         self.flush_logs()
         self.refresh_table()
@@ -202,6 +203,8 @@ class SupervisorApp(App[int]):
     def _on_lifecycle(self, event: ev.Event) -> None:
         """A rank starting, being signalled or ending shows at once (one repaint per burst of
         such events); samples and output wait for the table's own tick."""
+        if isinstance(event, ev.RunStopping) and self.is_running:
+            self._close_question(f"Stopping: {event.reason}.")
         if isinstance(event, LIFECYCLE) and not self._table_due and self.is_running:
             self._table_due = True
             self.call_later(self.refresh_table)
@@ -236,10 +239,14 @@ class SupervisorApp(App[int]):
     # ------------------------------------------------------------------ actions
 
     def action_cancel(self) -> None:
+        """c / ctrl+c: ask, confirm an open question, or (while stopping) kill now."""
         if self.ending is not None:
             self.notify("The run has ended; q quits.")
             return
-        if self.model.state == "stopping":
+        if isinstance(self.screen, ConfirmCancel):
+            self.screen.action_confirm()  # pressed again with the question open: yes
+            return
+        if self.model.stop is not None:
             self.run_handle.kill_now("operator (second cancel)")
             self.notify("Killing every live rank now.", severity="warning")
             return
@@ -247,9 +254,21 @@ class SupervisorApp(App[int]):
                          self._confirmed)
 
     def _confirmed(self, confirmed: bool | None) -> None:
-        if confirmed and self.ending is None:
-            self.run_handle.request_cancel("operator", signal.SIGINT)
-            self.notify("Stopping every rank: SIGTERM sent.", severity="warning")
+        """A stale answer (the stop began elsewhere, or the run ended) never escalates."""
+        if not confirmed or self.ending is not None:
+            return
+        if self.model.stop is not None:
+            self.notify(f"Already stopping: {self.model.stop_reason}.")
+            return
+        self.run_handle.request_cancel("operator", signal.SIGINT)
+        self.notify("Stopping every rank: SIGTERM sent.", severity="warning")
+
+    def _close_question(self, why: str) -> None:
+        """The state changed under an open question: it no longer tells the truth."""
+        for screen in list(self.screen_stack):
+            if isinstance(screen, ConfirmCancel):
+                screen.dismiss(None)
+                self.notify(why)
 
     def action_kill(self) -> None:
         if self.ending is None:
@@ -331,9 +350,19 @@ class SupervisorApp(App[int]):
     def action_help(self) -> None:
         self.push_screen(HelpScreen(b for b in self.BINDINGS if isinstance(b, Binding)))
 
+    def action_quit(self) -> None:  # type: ignore[override]
+        """Textual's own quit (ctrl+q, the palette) takes the same path as q."""
+        self.action_quit_run()
+
     def action_quit_run(self) -> None:
+        """Every way out: after the run, quit with its code; during it, ask to cancel first."""
         if self.ending is not None:
             self.exit(self.ending.verdict.code)
+            return
+        if isinstance(self.screen, ConfirmCancel):
+            return  # already asking
+        if self.model.stop is not None:
+            self.notify("Stopping: the verdict follows when every rank has ended (c kills now).")
             return
         self.push_screen(ConfirmCancel(self.run_handle.world_size, self.run_handle.grace),
                          self._confirmed)

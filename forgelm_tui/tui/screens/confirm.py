@@ -10,10 +10,10 @@ from textual.widgets import Button, Static
 
 
 class ConfirmCancel(ModalScreen[bool]):
-    """Returns True when the operator confirms the stop."""
+    """Returns True when the operator confirms the stop (y, or c / ctrl+c pressed again)."""
 
     BINDINGS = [
-        Binding("y", "confirm", "Stop the run"),
+        Binding("y,c", "confirm", "Stop the run"),
         Binding("n,escape", "dismiss(False)", "Keep running"),
     ]
 

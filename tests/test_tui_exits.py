@@ -1,0 +1,120 @@
+"""Every way out of the launching TUI goes through one path, and a question always tells the
+truth: one dialog at a time, closed when the state changes under it, never a stale escalation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from scripted import T0, FakeClock, ScriptedRun, scripted_app, state_failed
+
+from forgelm_tui.engine import events as ev
+from forgelm_tui.tui.screens.confirm import ConfirmCancel
+from forgelm_tui.verdict import StopKind
+
+pytestmark = pytest.mark.timeout(60)
+SIZE = (120, 32)
+
+
+def outside_stop(run: ScriptedRun) -> None:
+    """What the engine sends when a SIGTERM to the supervisor starts the stop."""
+    run.emit(ev.RunStopping(StopKind.CANCEL, "cancelled by SIGTERM to the supervisor",
+                            "SIGTERM to the supervisor", run.grace, (0, 1), T0))
+
+
+def dialogs(app: object) -> int:
+    return sum(isinstance(s, ConfirmCancel) for s in app.screen_stack)  # type: ignore[attr-defined]
+
+
+async def test_ctrl_q_mid_run_asks_and_quits_only_after_the_run(tmp_path: Path) -> None:
+    app, run, prepare = scripted_app("running")
+    async with app.run_test(size=SIZE) as pilot:
+        await prepare(pilot)
+        await pilot.press("ctrl+q")
+        assert isinstance(app.screen, ConfirmCancel) and app.is_running
+        await pilot.press("n")
+        assert run.commands == [] and app.is_running
+        run.finish(state_failed(ScriptedRun(8), FakeClock(), tmp_path))
+        await pilot.pause()
+        await pilot.press("ctrl+q")
+        await pilot.pause()
+    assert app.return_value == 2
+
+
+async def test_ctrl_c_twice_is_one_dialog_confirmed_and_later_keys_do_not_kill() -> None:
+    app, run, prepare = scripted_app("running")
+    async with app.run_test(size=SIZE) as pilot:
+        await prepare(pilot)
+        await pilot.press("ctrl+c", "ctrl+c")
+        await pilot.pause()
+        assert dialogs(app) == 0
+        assert run.commands == [("cancel", "operator")]
+        outside_stop(run)  # the engine's answer to the cancel
+        await pilot.press("y", "y")
+        await pilot.pause()
+        assert run.commands == [("cancel", "operator")]  # no SIGKILL within the grace
+
+
+async def test_a_stop_that_began_elsewhere_closes_the_question() -> None:
+    app, run, prepare = scripted_app("running")
+    async with app.run_test(size=SIZE) as pilot:
+        await prepare(pilot)
+        await pilot.press("c")
+        assert dialogs(app) == 1
+        outside_stop(run)
+        await pilot.pause()
+        assert dialogs(app) == 0
+        await pilot.press("y")
+        await pilot.pause()
+        assert run.commands == []
+
+
+async def test_a_stale_yes_never_escalates() -> None:
+    """Answered after the stop began (the close raced the key): the answer is dropped."""
+    app, run, prepare = scripted_app("running")
+    async with app.run_test(size=SIZE) as pilot:
+        await prepare(pilot)
+        await pilot.press("c")
+        question = app.screen
+        assert isinstance(question, ConfirmCancel)
+        app.model.apply(ev.RunStopping(StopKind.STALL, "stalled", "stall", 30.0, (0,), T0))
+        question.action_confirm()
+        await pilot.pause()
+        assert run.commands == []
+
+
+async def test_the_run_ending_under_a_question_closes_it(tmp_path: Path) -> None:
+    app, run, prepare = scripted_app("running")
+    async with app.run_test(size=SIZE) as pilot:
+        await prepare(pilot)
+        await pilot.press("q")
+        assert dialogs(app) == 1
+        await pilot.press("q")  # asking already: no second dialog
+        assert dialogs(app) == 1
+        run.finish(state_failed(ScriptedRun(8), FakeClock(), tmp_path))
+        await pilot.pause()
+        assert dialogs(app) == 0
+        assert app.query_one("#verdict").display
+
+
+async def test_quit_while_stopping_waits_for_the_verdict() -> None:
+    app, run, prepare = scripted_app("cancelling")
+    async with app.run_test(size=SIZE) as pilot:
+        await prepare(pilot)
+        for key in ("q", "ctrl+q"):
+            await pilot.press(key)
+            await pilot.pause()
+            assert dialogs(app) == 0 and app.is_running
+        assert run.commands == []
+        await pilot.press("c")  # escalation is explicit
+        assert run.commands == [("kill", "operator (second cancel)")]
+
+
+async def test_palette_quit_takes_the_same_path() -> None:
+    app, run, prepare = scripted_app("running")
+    async with app.run_test(size=SIZE) as pilot:
+        await prepare(pilot)
+        commands = {c.title: c for c in app.get_system_commands(app.screen)}
+        commands["Quit"].callback()
+        await pilot.pause()
+        assert dialogs(app) == 1 and app.is_running
