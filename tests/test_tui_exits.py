@@ -117,4 +117,4 @@ async def test_palette_quit_takes_the_same_path() -> None:
         commands = {c.title: c for c in app.get_system_commands(app.screen)}
         commands["Quit"].callback()
         await pilot.pause()
-        assert dialogs(app) == 1 and app.is_running
+        assert dialogs(app) == 1 and app.is_running and run.commands == []
