@@ -48,3 +48,9 @@ def signal_number(name: str) -> int | None:
         return int(signal.Signals[full])
     except KeyError:
         return None
+
+
+def handles(caught_mask: int, ignored_mask: int, sig: int) -> bool:
+    """A process with these /proc masks (SigCgt, SigIgn) catches or ignores ``sig``: its default
+    action (for most signals: terminate) will not happen."""
+    return sig > 0 and bool((caught_mask | ignored_mask) >> (sig - 1) & 1)

@@ -23,6 +23,7 @@ from forgelm_tui.signames import signal_name
 from forgelm_tui.verdict import Contract, StopFacts, StopKind, decide
 
 T0 = 1_796_040_000.0  # a fixed epoch second, so every rendered time is the same on every run
+HANDLES_USR = 1 << (signal.SIGUSR1 - 1) | 1 << (signal.SIGUSR2 - 1)  # SigCgt of the scripted ranks
 
 
 class FakeClock:
@@ -114,7 +115,7 @@ def start_ranks(run: ScriptedRun, clock: FakeClock, quiet: int | None = None) ->
     for rank in range(run.world_size):
         is_quiet = rank == quiet
         run.emit(ev.RankSampled(rank, 0.0 if is_quiet else 97.5 - rank, 1_503_238_553 + rank
-                                * 1_048_576, 2, 42.0 if is_quiet else 2.0))
+                                * 1_048_576, 2, 42.0 if is_quiet else 2.0, HANDLES_USR))
         if is_quiet:
             _state(run, rank, RankState.QUIET)
 

@@ -39,7 +39,7 @@ EXAMPLES: list[Any] = [
     ev.RankStarted(0, 0, 4242, 1.25),
     ev.RankStateChanged(0, RankState.QUIET),
     ev.RankOutput(1, Stream.STDERR, b"line one\n\xff\xfe not utf-8 \x1b[31m\r\nlast"),
-    ev.RankSampled(0, 97.5, 1 << 31, 3, 4.5),
+    ev.RankSampled(0, 97.5, 1 << 31, 3, 4.5, 0x202, 1 << 63),
     ev.RankSignalled(0, 40, Purpose.FORWARD, "SIGRTMIN+6 forwarded", 2.0),
     ev.RankExited(1, None, 9, True, 3.0),
     STOPPING,

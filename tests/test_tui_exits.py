@@ -10,6 +10,7 @@ from scripted import T0, FakeClock, ScriptedRun, scripted_app, state_failed
 
 from forgelm_tui.engine import events as ev
 from forgelm_tui.tui.screens.confirm import ConfirmCancel
+from forgelm_tui.tui.screens.forward import ConfirmForward
 from forgelm_tui.verdict import StopKind
 
 pytestmark = pytest.mark.timeout(60)
@@ -118,3 +119,37 @@ async def test_palette_quit_takes_the_same_path() -> None:
         commands["Quit"].callback()
         await pilot.pause()
         assert dialogs(app) == 1 and app.is_running and run.commands == []
+
+
+async def test_forwarding_warns_about_ranks_without_a_handler() -> None:
+    app, run, prepare = scripted_app("running")
+    async with app.run_test(size=SIZE) as pilot:
+        await prepare(pilot)
+        run.emit(ev.RankSampled(2, 50.0, 1 << 30, 0, 1.0, caught_mask=1 << 11, ignored_mask=0))
+        app.action_forward("SIGUSR1")
+        await pilot.pause()
+        question = app.screen
+        assert isinstance(question, ConfirmForward)
+        text = str(question.query_one("#confirm-text").render())
+        assert "Rank 2 has no handler for SIGUSR1" in text
+        await pilot.press("n")
+        assert run.commands == []
+        app.action_forward("SIGUSR1")
+        await pilot.pause()
+        await pilot.press("c")  # the stop question replaces it: one dialog at a time
+        await pilot.pause()
+        assert dialogs(app) == 1 and len(app.screen_stack) == 2 and not isinstance(app.screen, ConfirmForward)
+        await pilot.press("n")
+        app.action_forward("SIGUSR1")
+        await pilot.pause()
+        await pilot.press("ctrl+c")  # the same with ctrl+c
+        await pilot.pause()
+        assert dialogs(app) == 1 and len(app.screen_stack) == 2
+        await pilot.press("n")
+        app.action_forward("SIGUSR1")
+        await pilot.pause()
+        await pilot.press("y")
+        assert run.commands == [("forward", "SIGUSR1")]
+        app.action_forward("SIGUSR2")  # every rank handles it: no question
+        await pilot.pause()
+        assert run.commands[-1] == ("forward", "SIGUSR2")

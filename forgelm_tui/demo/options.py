@@ -27,12 +27,16 @@ def add_demo_options(parser: argparse.ArgumentParser) -> None:
                             "the envelope through the rank's error file)")
     group.add_argument("--step-time", dest="demo_step_time", type=float, default=0.2,
                        metavar="S", help="extra seconds per step, so there is time to watch")
+    group.add_argument("--cleanup-seconds", dest="demo_cleanup_seconds", type=float,
+                       default=0.0, metavar="S",
+                       help="after a stop, each rank's cleanup (checkpoint write) takes S "
+                            "seconds, printing its start and end: the graceful path made visible")
 
 
 def demo_argv(ns: argparse.Namespace) -> list[str]:
     """The demo's options as the rank script receives them."""
     argv = []
-    for name in (*_INT_OPTIONS, "step_time"):
+    for name in (*_INT_OPTIONS, "step_time", "cleanup_seconds"):
         value = getattr(ns, f"demo_{name}")
         if value is not None:
             argv += [f"--{name.replace('_', '-')}", str(value)]

@@ -34,6 +34,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
                           ("ignore-sigterm-rank", None), ("exit-code", 0)):
         parser.add_argument(f"--{name}", type=int, default=default)
     parser.add_argument("--step-time", type=float, default=0.2)
+    parser.add_argument("--cleanup-seconds", type=float, default=0.0)
     parser.add_argument("--fail-raise", action="store_true")
     return parser.parse_args(argv)
 
@@ -47,6 +48,18 @@ def stuck_forever(rank: int, why: str) -> None:
     say(rank, f"rank {rank}: {why}; now stuck")
     while True:
         time.sleep(3600)
+
+
+def clean_up(rank: int, seconds: float) -> None:
+    """A slow cleanup after a stop (a big checkpoint, an upload): start, progress, end."""
+    if seconds <= 0:
+        return
+    say(rank, f"rank {rank}: cleanup started ({seconds:g} s)")
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        time.sleep(min(1.0, left))
+        say(rank, f"rank {rank}: cleanup {max(0.0, end - time.monotonic()):.0f} s left")
+    say(rank, f"rank {rank}: cleanup finished")
 
 
 def save_checkpoint(model: nn.Module, step: int) -> Path:
@@ -94,6 +107,7 @@ def main() -> int:
                     stuck_forever(rank, f"ignores the stop at step {step}")
                 if rank == 0:
                     say(rank, f"saved {save_checkpoint(model.module, step)}")
+                clean_up(rank, opts.cleanup_seconds)
                 say(rank, f"rank {rank}: stopping together at step {step} ({stop.reason})")
                 dist.destroy_process_group()
                 return 2  # as ForgeLM reports an interrupted run

@@ -134,6 +134,8 @@ class RankSampled:
     rss_bytes: int
     children: int
     output_age: float  # seconds since the rank last printed anything
+    caught_mask: int = 0  # signals its main process handles (bit N-1: signal N), /proc SigCgt
+    ignored_mask: int = 0  # ...and ignores (SigIgn): forwarding one of neither ends the rank
 
 
 @dataclass(frozen=True)
@@ -246,6 +248,8 @@ class RankSnapshot:
     cpu_percent: float
     rss_bytes: int
     children: int
+    caught_mask: int = 0
+    ignored_mask: int = 0
 
 
 @dataclass(frozen=True)

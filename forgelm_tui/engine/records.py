@@ -59,6 +59,8 @@ class RankRecord:
     rss_bytes: int = 0
     peak_rss_bytes: int = 0
     children: int = 0
+    caught_mask: int = 0  # signals the rank's main process handles (bit N-1: signal N)
+    ignored_mask: int = 0  # ...and ignores
     quiet: bool = False
     stalled: bool = False
     stdout_bytes: int = 0
@@ -132,6 +134,7 @@ class RankRecord:
             last_line=self.last_line, last_output_at=self.last_output_at, step=self.step,
             total=self.total, metrics=dict(self.metrics), progress_source=self.progress_source,
             cpu_percent=self.cpu_percent, rss_bytes=self.rss_bytes, children=self.children,
+            caught_mask=self.caught_mask, ignored_mask=self.ignored_mask,
         )
 
 

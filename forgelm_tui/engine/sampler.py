@@ -22,6 +22,23 @@ class Sample:
     rss_bytes: int
     cpu_seconds: float
     children: int | None  # None when not counted this time
+    caught_mask: int = 0  # signals with a handler (bit N-1 for signal N)
+    ignored_mask: int = 0  # signals set to SIG_IGN
+
+
+def signal_masks(pid: int) -> tuple[int, int]:
+    """The process's caught and ignored signal masks (Linux /proc; 0, 0 elsewhere)."""
+    caught = ignored = 0
+    try:
+        with open(f"/proc/{pid}/status", "rb") as handle:
+            for line in handle:
+                if line.startswith(b"SigCgt:"):
+                    caught = int(line.split()[1], 16)
+                elif line.startswith(b"SigIgn:"):
+                    ignored = int(line.split()[1], 16)
+    except (OSError, ValueError, IndexError):
+        pass
+    return caught, ignored
 
 
 class RankSampler:
@@ -52,7 +69,7 @@ class RankSampler:
             self._process = None
             return None
         seconds = times.user + times.system + times.children_user + times.children_system
-        return Sample(cpu, rss, seconds, children)
+        return Sample(cpu, rss, seconds, children, *signal_masks(self._process.pid))
 
 
 def apply_sample(record: RankRecord, sample: Sample | None, now: float, interval: float) -> None:
@@ -67,6 +84,7 @@ def apply_sample(record: RankRecord, sample: Sample | None, now: float, interval
     record.peak_rss_bytes = max(record.peak_rss_bytes, sample.rss_bytes)
     if sample.children is not None:
         record.children = sample.children
+    record.caught_mask, record.ignored_mask = sample.caught_mask, sample.ignored_mask
 
 
 SampleHandler = Callable[[list[tuple[RankRecord, Sample | None]]], None]

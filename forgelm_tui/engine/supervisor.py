@@ -198,7 +198,8 @@ class Supervisor:
             apply_sample(record, sample, now, self.spec.sample_interval)
             age = now - (record.last_output_mono or record.started_mono or now)
             self.emit(ev.RankSampled(record.rank, record.cpu_percent, record.rss_bytes,
-                                     record.children, age))
+                                     record.children, age, record.caught_mask,
+                                     record.ignored_mask))
         self._policy.progress_checked(now)
 
     # ----------------------------------------------------------------- commands

@@ -19,14 +19,16 @@ from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.css.query import NoMatches
-from textual.screen import Screen
+from textual.screen import ModalScreen, Screen
 from textual.widgets import DataTable, Static
 
 from forgelm_tui.ending import RunEnding
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.records import CancelSource
+from forgelm_tui.signames import signal_name, signal_number
 from forgelm_tui.tui.model import RunModel
 from forgelm_tui.tui.screens.confirm import ConfirmCancel
+from forgelm_tui.tui.screens.forward import ConfirmForward
 from forgelm_tui.tui.screens.help import HelpScreen
 from forgelm_tui.tui.screens.search import SearchPrompt
 from forgelm_tui.tui.widgets.key_hints import KeyHints
@@ -246,6 +248,8 @@ class SupervisorApp(App[int]):
         if isinstance(self.screen, ConfirmCancel):
             self.screen.action_confirm()  # pressed again with the question open: yes
             return
+        if isinstance(self.screen, ConfirmForward):
+            self.screen.dismiss(False)  # one question at a time: the stop is the one that counts
         if self.model.stop is not None:
             self.run_handle.kill_now("operator (second cancel)")
             self.notify("Killing every live rank now.", severity="warning")
@@ -266,7 +270,7 @@ class SupervisorApp(App[int]):
     def _close_question(self, why: str) -> None:
         """The state changed under an open question: it no longer tells the truth."""
         for screen in list(self.screen_stack):
-            if isinstance(screen, ConfirmCancel):
+            if isinstance(screen, ConfirmCancel | ConfirmForward):
                 screen.dismiss(None)
                 self.notify(why)
 
@@ -276,9 +280,23 @@ class SupervisorApp(App[int]):
             self.notify("SIGKILL sent to every live rank.", severity="error")
 
     def action_forward(self, signame: str) -> None:
-        if self.ending is None:
-            self.run_handle.forward(int(signal.Signals[signame]))
-            self.notify(f"{signame} forwarded to every live rank.")
+        """Forward a signal; first warn which ranks it would end (no handler for it)."""
+        sig = signal_number(signame)
+        if self.ending is not None or sig is None or isinstance(self.screen, ModalScreen):
+            return
+        live = [r for r in self.model.ranks.values() if r.pid is not None and not r.ended]
+        dying = [r.rank for r in live if r.would_die_of(sig)]
+        unknown = [r.rank for r in live if r.would_die_of(sig) is None]
+        if not dying and not unknown:
+            self._forward(sig, True)
+            return
+        self.push_screen(ConfirmForward(signame, dying, unknown),
+                         lambda yes: self._forward(sig, yes))
+
+    def _forward(self, sig: int, confirmed: bool | None) -> None:
+        if confirmed and self.ending is None:
+            self.run_handle.forward(sig)
+            self.notify(f"{signal_name(sig)} forwarded to every live rank.")
 
     def on_log_pane_follow_changed(self, event: LogPane.FollowChanged) -> None:
         self._update_log_title(self._log_title_extra)

@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.events import Purpose, RankState
-from forgelm_tui.signames import signal_name
+from forgelm_tui.signames import handles, signal_name
 from forgelm_tui.verdict import describe
 
 LOG_KEEP_MERGED = 20_000  # lines of the merged view kept in memory
@@ -32,6 +32,9 @@ class RankRow:
     cpu_percent: float = 0.0
     rss_bytes: int = 0
     children: int = 0
+    caught_mask: int = 0  # signals its main process handles or ignores (from samples)
+    ignored_mask: int = 0
+    sampled: bool = False  # the masks are known
     started_at: float | None = None
     ended_at: float | None = None
     last_output_at: float | None = None
@@ -46,6 +49,12 @@ class RankRow:
     @property
     def ended(self) -> bool:
         return self.state in (RankState.EXITED, RankState.KILLED, RankState.FAILED)
+
+    def would_die_of(self, sig: int) -> bool | None:
+        """Would forwarding ``sig`` end this live rank? None while its masks are unknown."""
+        if not self.sampled:
+            return None
+        return not handles(self.caught_mask, self.ignored_mask, sig)
 
     def progress_text(self) -> str:
         """``12/30 loss 0.3100``: step, total and the first metric."""
@@ -265,6 +274,8 @@ class RunModel:
         row.cpu_percent = sample.cpu_percent
         row.rss_bytes = sample.rss_bytes
         row.children = sample.children
+        row.caught_mask, row.ignored_mask, row.sampled = (
+            sample.caught_mask, sample.ignored_mask, True)
 
     def elapsed(self) -> float:
         end = self.ended_at if self.ended_at is not None else self.clock()
@@ -292,6 +303,8 @@ def _row(snap: ev.RankSnapshot) -> RankRow:
     return RankRow(
         rank=snap.rank, local_rank=snap.local_rank, pid=snap.pid, state=snap.state,
         cpu_percent=snap.cpu_percent, rss_bytes=snap.rss_bytes, children=snap.children,
+        caught_mask=snap.caught_mask, ignored_mask=snap.ignored_mask,
+        sampled=snap.pid is not None and snap.ended_at is None,
         started_at=snap.started_at, ended_at=snap.ended_at, last_output_at=snap.last_output_at,
         last_line=snap.last_line, exit_code=snap.exit_code, signal=snap.signal,
         sent=[(s.signal, s.purpose, s.reason) for s in snap.signals], step=snap.step,
