@@ -138,7 +138,8 @@ async def test_forwarding_warns_about_ranks_without_a_handler() -> None:
         await pilot.pause()
         await pilot.press("c")  # the stop question replaces it: one dialog at a time
         await pilot.pause()
-        assert dialogs(app) == 1 and len(app.screen_stack) == 2 and not isinstance(app.screen, ConfirmForward)
+        assert dialogs(app) == 1 and len(app.screen_stack) == 2
+        assert not isinstance(app.screen, ConfirmForward)
         await pilot.press("n")
         app.action_forward("SIGUSR1")
         await pilot.pause()
