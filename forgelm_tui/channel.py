@@ -24,6 +24,7 @@ class MessageKind(StrEnum):
     HEARTBEAT = "heartbeat"  # alive though silent
     STOP_REQUESTED = "stop_requested"  # a stop signal reached the rank (signal, via)
     STOPPED = "stopped"  # the rank left its loop at an agreed step (step, signal)
+    OTHER = "other"  # a kind this version does not know (a newer helper): still a heartbeat
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,7 @@ def encode(rank: int, kind: MessageKind, **fields: Any) -> bytes:
 
 
 def decode(data: bytes) -> Message | None:
-    """A message, or None for anything that is not one (bad JSON, unknown kind, no rank)."""
+    """A message, or None for anything that is not one (bad JSON, no int rank)."""
     try:
         raw = json.loads(data)
     except ValueError:
@@ -65,7 +66,7 @@ def decode(data: bytes) -> Message | None:
     try:
         kind = MessageKind(str(raw.get("kind")))
     except ValueError:
-        return None
+        kind = MessageKind.OTHER
     metrics = raw.get("metrics")
     return Message(
         rank=raw["rank"],

@@ -189,13 +189,24 @@ def parse_signals(text: str) -> tuple[int, ...]:
     result = []
     for name in text.split(","):
         sig = signal_number(name)
-        if sig is None or not 0 < sig < signal.NSIG:
+        if sig is None or not _catchable(sig):
             raise UsageError(f"--forward-signals: unknown signal {name.strip()!r}")
         if sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGKILL, signal.SIGSTOP):
             raise UsageError(f"--forward-signals: {signal_name(sig)} stops the run; it cannot "
                              "be forwarded")
         result.append(sig)
     return tuple(result)
+
+
+def _catchable(sig: int) -> bool:
+    """A signal the supervisor can install a handler for: a named one or a real-time one
+    (glibc reserves 32 and 33 for itself)."""
+    rtmin, rtmax = int(getattr(signal, "SIGRTMIN", 34)), int(getattr(signal, "SIGRTMAX", 64))
+    try:
+        signal.Signals(sig)
+    except ValueError:
+        return rtmin <= sig <= rtmax
+    return sig not in (signal.SIGKILL, signal.SIGSTOP)
 
 
 def check_port(addr: str, port_text: str | None) -> int:

@@ -52,6 +52,8 @@ def _cases(tmp: Path, port: int) -> dict[str, tuple[list[str], str]]:
         "nothing to run": ([], "nothing to run"),
         "multi node": (["--nnodes", "2", script], "multi-node"),
         "bad signal": (["--forward-signals", "SIGNOPE", script], "unknown signal"),
+        "reserved signal": (["--forward-signals", "SIG32", script], "unknown signal 'SIG32'"),
+        "stop signal forwarded": (["--forward-signals", "hup", script], "SIGHUP stops the run"),
     }
 
 
@@ -60,7 +62,7 @@ NAMES = [
     "forgelm bare form", "forgelm without config", "invalid yaml", "yaml not a mapping",
     "config is a directory", "program not on path", "missing module", "nproc zero",
     "nproc negative", "nproc not a number", "port in use", "bad grace", "nothing to run",
-    "multi node", "bad signal",
+    "multi node", "bad signal", "reserved signal", "stop signal forwarded",
 ]
 
 
@@ -113,3 +115,21 @@ def test_help_exits_zero_without_heavy_imports(tmp_path: Path) -> None:
     assert proc.returncode == 0
     assert "HEAVY [] 0" in proc.stdout
     assert "--nproc-per-node" in proc.stdout
+
+
+def test_a_rank_whose_log_cannot_be_opened_is_not_started(tmp_path: Path) -> None:
+    """Logs first, then the rank: a rank never runs without its log files (no leaked pipe)."""
+    run_dir = tmp_path / "run"
+    (run_dir / "rank-1.stderr.log").mkdir(parents=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "forgelm_tui", "--no-tui", "--run-dir", str(run_dir),
+         "--nproc-per-node", "2", "--grace", "5", rank_script("exit_with.py"), "0",
+         "--sleep", "30"],
+        cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=25)
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    envelope = json.loads((run_dir / "envelope.json").read_text())
+    assert envelope["error"].startswith("cannot start rank 1: Is a directory")
+    rank0, rank1 = envelope["ranks"]
+    assert rank1["pid"] is None and rank1["state"] == "starting"
+    assert rank0["signalled_by_supervisor"] is True  # stopped at once, not left to run

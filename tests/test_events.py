@@ -156,3 +156,20 @@ def test_a_rank_killed_by_signal_40_stops_its_peer_and_is_named(tmp_path: Path) 
     peer = envelope["ranks"][0]
     assert peer["signalled_by_supervisor"] is True and peer["signal"] == "SIGTERM"
     assert "rank 1 killed by SIGRTMIN+6" in proc.stdout
+
+
+def test_the_channel_protocol_decodes_what_it_can_and_drops_the_rest() -> None:
+    from forgelm_tui.channel import MessageKind, decode, encode
+
+    message = decode(encode(3, MessageKind.PROGRESS, step=7, total="ten",
+                            metrics={"loss": 0.5, "name": "x"}))
+    assert message is not None
+    assert (message.rank, message.kind, message.step, message.total, message.metrics) == (
+        3, MessageKind.PROGRESS, 7, None, {"loss": 0.5})
+    old = decode(b'{"rank": 1, "kind": "heartbeat", "t": 1.0}')  # a pre-0.2 helper: no "v"
+    assert old is not None and old.kind is MessageKind.HEARTBEAT
+    newer = decode(b'{"v": 2, "rank": 1, "kind": "gpu_report", "t": 1.0}')
+    assert newer is not None and newer.kind is MessageKind.OTHER  # still a heartbeat
+    for bad in (b"not json", b"[]", b'{"kind": "progress"}', b'{"rank": "0"}',
+                b'{"rank": true, "kind": "progress"}'):
+        assert decode(bad) is None

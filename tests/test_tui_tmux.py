@@ -179,3 +179,66 @@ def test_closed_terminal_stops_the_run_and_the_app(term: Terminal, tmp_path: Pat
             "SIGHUP to the supervisor", "terminal closed (hang-up)")
     else:
         assert envelope["exit_code"] == 0
+
+
+@pytest.mark.timeout(90)
+def test_closed_terminal_is_one_graceful_stop_with_the_full_grace(term: Terminal,
+                                                                 tmp_path: Path) -> None:
+    """tmux kill-session mid-run, ranks whose SIGTERM cleanup takes 3 s, a 30 s grace: the
+    SIGHUP and the lost terminal are one request; every cleanup ends, nothing is SIGKILLed."""
+    from conftest import pid_alive
+
+    term.start(["demo", "--steps", "400", "--step-time", "0.05", "--cleanup-seconds", "3",
+                "--grace", "30"])
+    logs = [tmp_path / "run" / f"rank-{r}.stdout.log" for r in range(2)]
+    wait_for(lambda: all(p.exists() and "step 5/400" in p.read_text() for p in logs), 60,
+             "both ranks training")
+    term.wait_screen(r"RUNNING")
+    pids = [r["pid"] for r in _provisional_ranks(tmp_path)]
+    term.close()  # the terminal goes away: SIGHUP, then the terminal check sees it gone
+    wait_for(lambda: not any(pid_alive(p) for p in pids), 30, "the ranks to end")
+    wait_for(lambda: (tmp_path / "run" / "envelope.json").exists()
+             and not term.envelope()["provisional"], 20, "the final envelope")
+    envelope = term.envelope()
+    assert envelope["exit_code"] == 2
+    cancelled = envelope["cancelled"]
+    assert cancelled["source"] == "terminal"  # type: ignore[index]
+    assert cancelled["by"] == "terminal closed (hang-up)"  # type: ignore[index]
+    assert [r["effect"] for r in envelope["cancel_requests"]][0] == "stop"  # type: ignore[index]
+    assert "kill" not in [r["effect"] for r in envelope["cancel_requests"]]  # type: ignore[index]
+    assert envelope["stop"]["killed_at"] is None  # type: ignore[index]
+    for rank, log in zip(envelope["ranks"], logs, strict=True):  # type: ignore[call-overload]
+        assert [s["signal"] for s in rank["signals_sent"]] == ["SIGTERM"], rank
+        assert "cleanup finished" in log.read_text()
+
+
+def _provisional_ranks(tmp_path: Path) -> list[dict[str, int]]:
+    """The ranks' pids, from the run's rank logs' owner: read them off /proc by the run dir."""
+    found = []
+    for status in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            environ = status.read_bytes()
+        except OSError:
+            continue
+        if f"FORGELM_TUI_RUN_DIR={tmp_path / 'run'}".encode() in environ \
+                and b"forgelm_tui.demo.train" in Path(status.parent / "cmdline").read_bytes():
+            found.append({"pid": int(status.parent.name)})
+    assert len(found) == 2, found
+    return found
+
+
+def test_ctrl_q_mid_run_asks_first(term: Terminal) -> None:
+    term.start(["demo", "--steps", "400", "--step-time", "0.2"])
+    term.wait_screen(r"step \d+/400")
+    term.press("C-q")
+    term.wait_screen(r"Stop the run\?")
+    term.press("n")
+    term.wait_screen(r"RUNNING")
+    assert not term.exit_file.exists()
+    term.press("C-q")
+    term.wait_screen(r"Stop the run\?")
+    term.press("y")
+    term.wait_screen(r"FINISHED.*exit 2 TRAINING_ERROR")
+    term.press("C-q")
+    assert term.exit_code() == 2
+    assert term.envelope()["cancelled"]["by"] == "operator"  # type: ignore[index]

@@ -38,7 +38,7 @@ def from_wire(data: Wire) -> Any:
         raise DecodeError(f"not an event: {str(data)[:80]}") from None
     try:
         return _build(cls, data)
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise DecodeError(f"bad {cls.__name__}: {exc}") from None
 
 

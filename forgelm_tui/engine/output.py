@@ -11,7 +11,7 @@ import contextlib
 import os
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import IO
 
 from forgelm_tui.engine import events as ev
@@ -38,13 +38,30 @@ class OutputDrain:
     def open(self) -> bool:
         return bool(self._log_fds)
 
-    def attach(self, record: RankRecord, proc: subprocess.Popen[bytes]) -> None:
+    @contextlib.contextmanager
+    def logs_for(self, record: RankRecord) -> Iterator[tuple[int, int]]:
+        """The rank's two log files, opened before it starts; closed again if it cannot."""
+        out_fd = os.open(record.stdout_log, LOG_FLAGS, 0o644)
+        try:
+            err_fd = os.open(record.stderr_log, LOG_FLAGS, 0o644)
+        except OSError:
+            os.close(out_fd)
+            raise
+        try:
+            yield out_fd, err_fd
+        except BaseException:
+            os.close(out_fd)
+            os.close(err_fd)
+            raise
+
+    def attach(self, record: RankRecord, proc: subprocess.Popen[bytes],
+               logs: tuple[int, int]) -> None:
         assert proc.stdout is not None and proc.stderr is not None
-        for pipe, stream, path in ((proc.stdout, Stream.STDOUT, record.stdout_log),
-                                   (proc.stderr, Stream.STDERR, record.stderr_log)):
+        for pipe, stream, log_fd in ((proc.stdout, Stream.STDOUT, logs[0]),
+                                     (proc.stderr, Stream.STDERR, logs[1])):
             fd = pipe.fileno()
             self._pipes[fd] = pipe
-            self._log_fds[fd] = os.open(path, LOG_FLAGS, 0o644)
+            self._log_fds[fd] = log_fd
             self._loop.add_reader(fd, self._readable, record, stream, fd, LineSplitter())
 
     def _readable(self, record: RankRecord, stream: Stream, fd: int,
@@ -85,14 +102,16 @@ class OutputDrain:
 
     def _close(self, fd: int) -> None:
         self._loop.remove_reader(fd)
-        with contextlib.suppress(OSError):
-            self._pipes.pop(fd).close()
+        pipe = self._pipes.pop(fd, None)
+        if pipe is not None:
+            with contextlib.suppress(OSError):
+                pipe.close()
         log_fd = self._log_fds.pop(fd, None)
         if log_fd is not None:
             os.close(log_fd)
 
     def close_all(self) -> None:
-        for fd in list(self._log_fds):
+        for fd in list(self._pipes):
             self._close(fd)
 
 

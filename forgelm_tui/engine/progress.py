@@ -55,7 +55,7 @@ class ProgressReader:
                     record.step = message.step
                 self._emit(ev.RankReportedStop(record.rank, record.reported_signal,
                                                record.foreign_stop, record.stopped_step))
-            case MessageKind.HEARTBEAT:
+            case MessageKind.HEARTBEAT | MessageKind.OTHER:
                 pass
 
     def reported_stop(self, record: RankRecord, signal_name: str, step: int | None) -> None:

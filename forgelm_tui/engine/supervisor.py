@@ -55,6 +55,8 @@ class Supervisor:
         self._policy = StopPolicy(self.records, _settings(spec), self, self._timers)
         self._launched = False
         self._finishing = False
+        # A view that knows the terminal may name what a SIGHUP stood for (a closed terminal).
+        self.hangup_origin: Callable[[], tuple[CancelSource, str] | None] = lambda: None
 
     # ----------------------------------------------------------------- what views read
 
@@ -118,10 +120,10 @@ class Supervisor:
         self._sampling = SamplingLoop(loop, self.spec.sample_interval, self._policy.live,
                                       self._on_samples)
         self.started_at = time.time()
-        if handle_signals:
-            self._install_signal_handlers(loop)
         channel = self._open_channel(loop)
         try:
+            if handle_signals:
+                self._install_signal_handlers(loop)
             self.emit(ev.RunStarted(self.spec.run_id, self.spec.world_size, self.spec.argv,
                                     str(self.spec.run_dir), self.started_at))
             self._spawn_all(channel)
@@ -148,9 +150,10 @@ class Supervisor:
         for record in self.records.values():
             env = {**rank_env(self.spec, record.local_rank, self._base_env), **extra}
             try:
-                proc = self._processes.start(record, self.spec.argv, env, self.spec.cwd,
-                                             pipe_size)
-                self._drain.attach(record, proc)
+                with self._drain.logs_for(record) as logs:  # open first: no rank without logs
+                    proc = self._processes.start(record, self.spec.argv, env, self.spec.cwd,
+                                                 pipe_size)
+                self._drain.attach(record, proc, logs)
             except OSError as exc:
                 self.launch_error = f"cannot start rank {record.rank}: {exc.strerror or exc}"
                 self._policy.launch_failed(self.launch_error)
@@ -283,8 +286,9 @@ class Supervisor:
             loop.add_signal_handler(sig, self.forward, sig)
 
     def _signalled(self, sig: int, cause: str | None) -> None:
-        self.request_cancel(f"{signal_name(sig)} to the supervisor", sig,
-                            source=CancelSource.SIGNAL, cause=cause)
+        named = self.hangup_origin() if sig == signal.SIGHUP else None
+        source, origin = named or (CancelSource.SIGNAL, f"{signal_name(sig)} to the supervisor")
+        self.request_cancel(origin, sig, source=source, cause=cause)
 
     def _remove_signal_handlers(self, loop: asyncio.AbstractEventLoop) -> None:
         for sig in (*STOP_SIGNALS, *self.spec.forward_signals):

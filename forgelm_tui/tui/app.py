@@ -37,6 +37,7 @@ from forgelm_tui.tui.widgets.rank_table import RankTable
 from forgelm_tui.tui.widgets.run_header import RunHeader
 from forgelm_tui.tui.widgets.verdict_panel import VerdictPanel
 
+TERMINAL_CLOSED = "terminal closed (hang-up)"
 TABLE_HZ = 1  # the rank table and header: about once a second (a 64-row repaint costs)
 LOG_HZ = 10
 LIFECYCLE = (ev.RankStarted, ev.RankSignalled, ev.RankExited, ev.RunStopping)
@@ -178,16 +179,34 @@ class SupervisorApp(App[int]):
 
     def _check_terminal(self) -> None:
         """A closed terminal is a hang-up, even when no SIGHUP arrives (or it was ignored)."""
-        if self.terminal_fd is None or self._terminal_lost:
+        if self.terminal_fd is None or self._terminal_lost or not self._terminal_gone():
             return
-        if self._terminal_gone():
-            self._terminal_lost = True
-            if self.ending is not None:
-                self._hard_exit(self.ending.verdict.code)
-            else:
-                self._quit_after_run = True
-                self.run_handle.request_cancel("terminal closed (hang-up)", signal.SIGHUP,
-                                               source=CancelSource.TERMINAL, cause="hang-up")
+        self.terminal_lost()
+        if self.ending is not None:
+            self._hard_exit(self.ending.verdict.code)
+        else:  # the same cause as the SIGHUP that usually came first: merged, never a kill
+            self.run_handle.request_cancel(TERMINAL_CLOSED, signal.SIGHUP,
+                                           source=CancelSource.TERMINAL, cause="hang-up")
+
+    def hangup_origin(self) -> tuple[CancelSource, str] | None:
+        """For the engine's SIGHUP handler: was it the terminal closing? (Then say so.)"""
+        if not self._terminal_gone():
+            return None
+        self.terminal_lost()
+        return CancelSource.TERMINAL, TERMINAL_CLOSED
+
+    def terminal_lost(self) -> None:
+        """Stop drawing: writes to a dead terminal can block Textual's writer thread, and with
+        it the loop the engine shares while it finishes the stop. The app quits after the run."""
+        if self._terminal_lost:
+            return
+        self._terminal_lost = self._quit_after_run = True
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            for fd in {1, 2, self.terminal_fd or 1}:
+                os.dup2(devnull, fd)
+        finally:
+            os.close(devnull)
 
     def show_ending(self, ending: RunEnding) -> None:
         self.ending = ending

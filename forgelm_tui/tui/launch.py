@@ -16,6 +16,7 @@ def execute_tui(plan: Plan) -> int:
     guardian = Guardian()  # forked first, before Textual starts any thread
     session = Session(plan, guardian)
     app = build_app(session, terminal_fd=_terminal_fd(), before_hard_exit=guardian.close)
+    session.supervisor.hangup_origin = app.hangup_origin
     try:
         code = app.run()
     finally:

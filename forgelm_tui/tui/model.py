@@ -236,8 +236,8 @@ class RunModel:
 
     def _run_event(self, event: ev.Event) -> None:
         match event:
-            case ev.RunStarted(at=at):
-                self.state, self.started_at = "running", at
+            case ev.RunStarted(at=at):  # a stop may come first (cancelled before the launch)
+                self.state, self.started_at = "stopping" if self.stop else "running", at
             case ev.RunStopping(live_ranks=live) as stopping:
                 self.state, self.stop, self.live_ranks = "stopping", stopping, live
                 self.stop_deadline = stopping.deadline_at
