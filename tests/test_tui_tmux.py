@@ -204,8 +204,8 @@ def test_closed_terminal_is_one_graceful_stop_with_the_full_grace(term: Terminal
     cancelled = envelope["cancelled"]
     assert cancelled["source"] == "terminal"  # type: ignore[index]
     assert cancelled["by"] == "terminal closed (hang-up)"  # type: ignore[index]
-    assert [r["effect"] for r in envelope["cancel_requests"]][0] == "stop"  # type: ignore[index]
-    assert "kill" not in [r["effect"] for r in envelope["cancel_requests"]]  # type: ignore[index]
+    effects = [r["effect"] for r in envelope["cancel_requests"]]  # type: ignore[union-attr]
+    assert effects[0] == "stop" and "kill" not in effects, effects
     assert envelope["stop"]["killed_at"] is None  # type: ignore[index]
     for rank, log in zip(envelope["ranks"], logs, strict=True):  # type: ignore[call-overload]
         assert [s["signal"] for s in rank["signals_sent"]] == ["SIGTERM"], rank
