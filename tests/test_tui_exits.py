@@ -154,3 +154,41 @@ async def test_forwarding_warns_about_ranks_without_a_handler() -> None:
         app.action_forward("SIGUSR2")  # every rank handles it: no question
         await pilot.pause()
         assert run.commands[-1] == ("forward", "SIGUSR2")
+
+
+def _highlighted(pane: object, y: int) -> str:
+    from forgelm_tui.tui.widgets.log_pane import MATCH_STYLE
+
+    strip = pane.render_line(y)  # type: ignore[attr-defined]
+    return "".join(seg.text for seg in strip if seg.style and seg.style.bgcolor
+                   and seg.style.bgcolor == MATCH_STYLE.bgcolor)
+
+
+async def test_search_highlights_the_current_match_and_an_empty_search_clears() -> None:
+    from textual.widgets import Static
+
+    from forgelm_tui.tui.widgets.log_pane import LogPane
+
+    app, run, prepare = scripted_app("running")
+    async with app.run_test(size=SIZE) as pilot:
+        await prepare(pilot)
+        pane = app.query_one(LogPane)
+        filler = tuple(f"filler line {i}" for i in range(300))
+        run.emit(ev.RankOutput.of(0, "stdout", (*filler[:100], "x" * 300 + " NEEDLE here",
+                                                *filler[100:])))
+        app.flush_logs()
+        await pilot.pause()
+        await pilot.press("slash", *"needle", "enter")
+        await pilot.pause()
+        title = str(app.query_one("#log-title", Static).render())
+        assert "'needle': 1/1" in title
+        match = pane.matches[0]
+        top = int(pane.scroll_y)
+        assert top <= match < top + pane.scrollable_content_region.height  # scrolled to it
+        assert pane.scroll_x > 0  # ...and sideways: the match is past the pane's width
+        assert _highlighted(pane, match - top) == "NEEDLE"
+        await pilot.press("slash", *["backspace"] * 6, "enter")  # an empty search
+        await pilot.pause()
+        assert pane.query_text == "" and pane.matches == []
+        assert "needle" not in str(app.query_one("#log-title", Static).render())
+        assert _highlighted(pane, match - int(pane.scroll_y)) == ""

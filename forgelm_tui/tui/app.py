@@ -354,8 +354,12 @@ class SupervisorApp(App[int]):
         self.push_screen(SearchPrompt(pane.query_text), self._searched)
 
     def _searched(self, query: str | None) -> None:
+        """Enter with a query: find it; with an empty one: clear the search; escape: nothing."""
         if query:
             self._search(query)
+        elif query is not None:
+            self.query_one(LogPane).clear_search()
+            self._update_log_title()
 
     def _search(self, query: str, backwards: bool = False) -> None:
         number, total = self.query_one(LogPane).search(query, backwards)

@@ -26,6 +26,8 @@ from textual.widget import Widget
 
 from forgelm_tui.tui.model import LOG_KEEP_MERGED, LogLine, LogStore
 
+MATCH_STYLE = Style(color="black", bgcolor="yellow", bold=True)  # the current search match
+
 
 def stream_text(line: str) -> Text:
     """The rank prefix coloured; stderr lines (``[rank N]!``) in red. Never parses markup."""
@@ -75,6 +77,7 @@ class LogPane(ScrollView, can_focus=True):
         self._width = 0
         self._strips: LRUCache[int, Strip] = LRUCache(1024)
         self._scrolling = False  # a scroll of the pane's own (follow, search): not the reader's
+        self._match_key: int | None = None  # the current match's line number since the clear
 
     @property
     def lines(self) -> Sequence[str]:
@@ -195,6 +198,8 @@ class LogPane(ScrollView, can_focus=True):
         line = self._lines[index]
         text = stream_text(line)
         text.stylize_before(style)
+        if key == self._match_key and self.query_text:
+            text.highlight_words([self.query_text], MATCH_STYLE, case_sensitive=False)
         if selection is not None and (span := selection.get_span(index)) is not None:
             start, end = span
             text.stylize(self.screen.get_component_rich_style("screen--selection"),
@@ -218,17 +223,32 @@ class LogPane(ScrollView, can_focus=True):
     # ------------------------------------------------------------------ search
 
     def search(self, query: str, backwards: bool = False) -> tuple[int, int]:
-        """Move to the next (or previous) line containing ``query``; (match number, total)."""
+        """Move to the next (or previous) line containing ``query``, show it (scrolled into view,
+        the query highlighted); (match number, total). An empty query clears the search."""
         if query != self.query_text:
             self.query_text = query
             self.match_index = -1
         needle = query.lower()
         self.matches = [i for i, text in enumerate(self._lines) if needle in text.lower()]
         if not self.matches or not needle:
+            self._show_match(None)
             return (0, 0)
         step = -1 if backwards else 1
         self.match_index = (self.match_index + step) % len(self.matches)
         self.set_follow(False)
         line = self.matches[self.match_index]
-        self._scroll_myself(max(0, line - self.size.height // 2))
+        self._show_match(line)
+        column = self._lines[line].lower().find(needle)
+        width = self.scrollable_content_region.width
+        x = 0 if column + len(needle) <= width else max(0, column - width // 3)
+        self._scroll_myself(max(0, line - self.size.height // 2), x=x)
         return (self.match_index + 1, len(self.matches))
+
+    def clear_search(self) -> None:
+        self.query_text, self.matches, self.match_index = "", [], -1
+        self._show_match(None)
+
+    def _show_match(self, line: int | None) -> None:
+        self._match_key = None if line is None else self._first + line
+        self._strips.clear()
+        self.refresh()
