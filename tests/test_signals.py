@@ -90,6 +90,30 @@ def test_sigusr1_is_forwarded_and_the_run_goes_on(tmp_path: Path, marks: Path) -
         assert [s["purpose"] for s in rank["signals_sent"]] == ["forward"]
 
 
+@pytest.mark.parametrize(("contract", "code"), [("forgelm", 2), ("raw", 138)])
+def test_a_rank_ended_by_a_forwarded_signal_interrupts_the_run(
+        tmp_path: Path, marks: Path, contract: str, code: int) -> None:
+    """SLURM's SIGUSR1 to the supervisor reaches a rank with no handler: it dies of it. That is
+    no failure of its own: the peer is stopped at once (it would hang in the next collective)
+    and the run is interrupted."""
+    run = start(["--nproc-per-node", "2", "--grace", "5", "--exit-contract", contract,
+                 rank_script("sleeper.py"), str(marks), "--no-usr1", "0"], tmp_path)
+    ready_pids(marks, 2)
+    run.signal(signal.SIGUSR1)
+    assert run.wait(30) == code
+    envelope = run.envelope()
+    assert envelope["stop"]["kind"] == "forwarded" and envelope["stop"]["signal"] == "SIGUSR1"
+    assert envelope["decided_by"]["rule"] == 4 and envelope["root_cause_rank"] is None
+    assert envelope["decided_by"]["explanation"] == (
+        "interrupted: rank 0 ended on SIGUSR1, forwarded by forgelm-tui")
+    rank0, rank1 = envelope["ranks"]
+    assert rank0["signal"] == "SIGUSR1" and rank0["forwarded_death"] is True
+    assert rank0["stderr_tail"] is None  # not a failed rank
+    assert rank1["signalled_by_supervisor"] is True
+    assert rank1["signals_sent"][-1]["reason"] == (
+        "rank 0 ended on SIGUSR1, forwarded by forgelm-tui")
+
+
 def test_sigkill_of_supervisor_leaves_no_rank_or_child(tmp_path: Path, marks: Path) -> None:
     run = start(["--nproc-per-node", "3", rank_script("sleeper.py"), str(marks), "--child",
                  "--ignore-term", "2"], tmp_path)

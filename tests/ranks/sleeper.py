@@ -1,6 +1,6 @@
 """Rank program that waits to be signalled, leaving evidence in a directory.
 
-argv: DIR [--ignore-term RANK] [--child] [--exit-on-term CODE] [--sleep S]
+argv: DIR [--ignore-term RANK] [--child] [--exit-on-term CODE] [--sleep S] [--no-usr1 RANK]
 Writes DIR/ready-RANK (with its pid, and its child's pid with --child) once set up, and
 DIR/got-SIGNAME-RANK (with a timestamp) for every SIGTERM / SIGUSR1 / SIGUSR2 received.
 """
@@ -17,6 +17,7 @@ rank = int(os.environ["RANK"])
 ignore_rank = int(args[args.index("--ignore-term") + 1]) if "--ignore-term" in args else None
 exit_on_term = int(args[args.index("--exit-on-term") + 1]) if "--exit-on-term" in args else None
 sleep = float(args[args.index("--sleep") + 1]) if "--sleep" in args else 3600.0
+no_usr1 = int(args[args.index("--no-usr1") + 1]) if "--no-usr1" in args else None
 
 
 def mark(name: str, text: str) -> None:
@@ -37,7 +38,8 @@ def on_signal(signum, frame):
 
 
 for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
-    signal.signal(sig, on_signal)
+    if not (sig == signal.SIGUSR1 and rank == no_usr1):  # that rank dies of SIGUSR1
+        signal.signal(sig, on_signal)
 
 pids = [os.getpid()]
 if "--child" in args:
