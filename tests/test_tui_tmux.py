@@ -242,3 +242,40 @@ def test_ctrl_q_mid_run_asks_first(term: Terminal) -> None:
     term.press("C-q")
     assert term.exit_code() == 2
     assert term.envelope()["cancelled"]["by"] == "operator"  # type: ignore[index]
+
+
+@pytest.mark.timeout(90)
+def test_the_tui_answers_keys_within_200_ms_during_a_flood_of_long_lines(term: Terminal) -> None:
+    """2 ranks printing 60 KB lines as fast as they can: the median of 20 key presses, from
+    send-keys to the changed screen, stays within 200 ms."""
+    import statistics
+    import time
+
+    term.start(["--nproc-per-node", "2", "--grace", "3", rank_script("wide_flood.py"),
+                str(60 * 1024), "60"])
+    term.wait_screen(r"RUNNING")
+    term.wait_screen(r"\[rank \d\] r\d www")
+    states = {"following": re.compile(r"log: all ranks · following"),
+              "paused": re.compile(r"log: all ranks · paused")}
+
+    def shown() -> str | None:
+        screen = term.screen()
+        return next((name for name, regex in states.items() if regex.search(screen)), None)
+
+    latencies = []
+    for _ in range(20):
+        before = wait_for(shown, 10, "the log title")
+        start = time.monotonic()
+        term.press("f")
+        wait_for(lambda: (now := shown()) is not None and now != before, 10,  # noqa: B023
+                 "the title to change", step=0.005)
+        latencies.append(time.monotonic() - start)
+    median = statistics.median(latencies)
+    print(f"key latency median {median * 1000:.0f} ms, max {max(latencies) * 1000:.0f} ms")
+    assert median < 0.2, f"median {median * 1000:.0f} ms; all: {latencies}"
+    term.press("c")
+    term.wait_screen(r"Stop the run\?")
+    term.press("y")
+    term.wait_screen(r"exit 2")
+    term.press("q")
+    assert term.exit_code() == 2
