@@ -210,6 +210,36 @@ def state_failed(run: ScriptedRun, clock: FakeClock, envelope_dir: Path | None =
     return _outcome(run, records, stop, [], {}, envelope_dir)
 
 
+def state_crashed(run: ScriptedRun, clock: FakeClock,
+                  envelope_dir: Path | None = None) -> RunEnding:
+    """At step 40 of 100 rank 2 raised ``ValueError: boom`` deep in a long traceback; the
+    others were stopped. The exception line is the last of its stderr tail."""
+    start_ranks(run, clock)
+    for rank in range(run.world_size):
+        run.emit(ev.RankProgressed(rank, 40, 100, {"loss": 1.9 - 0.01 * rank},
+                                   ProgressSource.CHANNEL))
+    trace = ["Traceback (most recent call last):"]
+    for depth, name in enumerate(("train", "step", "forward", "collate", "tokenize", "check")):
+        trace += [f'  File "forgelm/{name}.py", line {100 + 17 * depth}, in {name}',
+                  f"    return {name}_inner(batch)"]
+    trace.append("ValueError: boom")
+    run.emit(ev.RankOutput.of(2, Stream.STDERR, tuple(trace)))
+    _exit(run, clock, 2, 2, None, RankState.FAILED)
+    reason = "rank 2 failed (exit 2)"
+    sent = [SignalSent(signal.SIGTERM, T0 + 120.001, reason, Purpose.STOP)]
+    others = tuple(r for r in range(run.world_size) if r != 2)
+    _stop(run, clock, others, StopKind.FAILURE, reason, "failure")
+    for rank in others:
+        _exit(run, clock, rank, None, signal.SIGTERM, RankState.KILLED)
+    run.emit(ev.RunFinished(clock()))
+    ends: dict[int, tuple[int | None, int | None, float, list[SignalSent]]] = {
+        r: (None, signal.SIGTERM, 121.0, sent) for r in others}
+    ends[2] = (2, None, 120.0, [])
+    stop = StopRecord(StopKind.FAILURE, reason, "failure", None, T0 + 120.001, 0.0)
+    records = _records(run.world_size, ends, {2: trace})
+    return _outcome(run, records, stop, [], {}, envelope_dir)
+
+
 def state_approval(run: ScriptedRun, clock: FakeClock,
                    envelope_dir: Path | None = None) -> RunEnding:
     """Both ranks staged their model and exit 4: awaiting human approval."""
@@ -235,7 +265,9 @@ STATES: dict[str, tuple[int, Callable[..., Any]]] = {
     "cancelling": (8, state_cancelling),
     "failed": (4, state_failed),
     "approval": (2, state_approval),
+    "crashed": (4, state_crashed),
 }
+ENDED = ("failed", "approval", "crashed")  # states that finish the run
 
 
 def scripted_app(name: str, *, envelope_dir: Path | None = None,
@@ -253,7 +285,7 @@ def scripted_app(name: str, *, envelope_dir: Path | None = None,
 
     async def prepare(pilot: Any) -> None:
         await pilot.pause()
-        if name in ("failed", "approval"):
+        if name in ENDED:
             run.finish(play(run, clock, envelope_dir))
         else:
             play(run, clock)

@@ -35,7 +35,9 @@ class Terminal:
     def start(self, args: list[str]) -> None:
         cli = [sys.executable, "-m", "forgelm_tui", "--tui", "--run-dir",
                str(self.tmp / "run"), *args]
-        script = f"cd {shlex.quote(str(self.tmp))}; {shlex.join(cli)}; " \
+        # The pane's size is the terminal's: COLUMNS/LINES inherited from a test runner would
+        # override it for the app (they say 80x24).
+        script = f"unset COLUMNS LINES; cd {shlex.quote(str(self.tmp))}; {shlex.join(cli)}; " \
                  f"echo $? > {shlex.quote(str(self.exit_file))}; sleep 60"
         env = [f"-e{k}={v}" for k, v in (("TERM", "xterm-256color"), ("CI", ""),
                                           ("HOME", str(self.tmp)))]  # no ~/Downloads: saves to cwd
@@ -71,12 +73,28 @@ class Terminal:
         subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True,
                        timeout=10)
 
+    def reap(self) -> None:
+        """After the test, pass or fail: nothing it started may outlive it. A supervisor that
+        a failing test left behind (and its ranks, and its guardian) is found by its run dir."""
+        import signal
+
+        mark = str(self.tmp / "run").encode()
+        for proc in Path("/proc").glob("[0-9]*"):
+            try:
+                if mark in (proc / "cmdline").read_bytes() + (proc / "environ").read_bytes():
+                    os.kill(int(proc.name), signal.SIGKILL)
+            except (OSError, ValueError):
+                continue
+
 
 @pytest.fixture
 def term(tmp_path: Path) -> Iterator[Terminal]:
     terminal = Terminal(tmp_path)
-    yield terminal
-    terminal.close()
+    try:
+        yield terminal
+    finally:
+        terminal.close()
+        terminal.reap()
 
 
 def test_awaiting_approval_verdict_and_q(term: Terminal) -> None:

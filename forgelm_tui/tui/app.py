@@ -7,13 +7,13 @@ The app decides nothing about processes: it renders what the session tells it an
 from __future__ import annotations
 
 import io
-import os
 import signal
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
+from rich.console import RenderableType
 from rich.text import Text
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
@@ -26,42 +26,22 @@ from forgelm_tui.ending import RunEnding
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.records import CancelSource
 from forgelm_tui.signames import signal_name, signal_number
+from forgelm_tui.tui.handle import RunHandle
 from forgelm_tui.tui.model import RunModel
 from forgelm_tui.tui.screens.confirm import ConfirmCancel
 from forgelm_tui.tui.screens.forward import ConfirmForward
 from forgelm_tui.tui.screens.help import HelpScreen
 from forgelm_tui.tui.screens.search import SearchPrompt
+from forgelm_tui.tui.terminal import TERMINAL_CLOSED, Terminal, exit_on_signals
 from forgelm_tui.tui.widgets.key_hints import KeyHints
 from forgelm_tui.tui.widgets.log_pane import LogPane
 from forgelm_tui.tui.widgets.rank_table import RankTable
 from forgelm_tui.tui.widgets.run_header import RunHeader
 from forgelm_tui.tui.widgets.verdict_panel import VerdictPanel
 
-TERMINAL_CLOSED = "terminal closed (hang-up)"
 TABLE_HZ = 1  # the rank table and header: about once a second (a 64-row repaint costs)
 LOG_HZ = 10
 LIFECYCLE = (ev.RankStarted, ev.RankSignalled, ev.RankExited, ev.RunStopping)
-
-
-class RunHandle(Protocol):
-    """What the app needs from a run: the real Session or a scripted stand-in."""
-
-    @property
-    def run_id(self) -> str: ...
-    @property
-    def command(self) -> list[str]: ...
-    @property
-    def world_size(self) -> int: ...
-    @property
-    def grace(self) -> float: ...
-
-    def subscribe(self, listener: Callable[[ev.Event], None]) -> None: ...
-    def request_cancel(self, origin: str = ..., sig: int = ..., *,
-                       source: CancelSource = ..., cause: str | None = ...) -> str: ...
-    def kill_now(self, origin: str = ...) -> None: ...
-    def forward(self, sig: int) -> None: ...
-    def cancelled_by_signal(self) -> bool: ...
-    def run(self) -> Awaitable[RunEnding]: ...
 
 
 class SupervisorApp(App[int]):
@@ -69,6 +49,7 @@ class SupervisorApp(App[int]):
 
     CSS_PATH = "forgelm_tui.tcss"
     TITLE = "forgelm-tui"
+    VERTICAL_BREAKPOINTS = [(0, "-tiny"), (16, "-short"), (30, "-tall")]  # screen classes: tcss
     BINDINGS = [
         Binding("c", "cancel", "Cancel",
                 tooltip="cancel the run (asks first); again while stopping: kill now"),
@@ -106,10 +87,7 @@ class SupervisorApp(App[int]):
         self.save_directory = save_directory
         self.auto_start = auto_start
         self.saved_to: str | None = None
-        self._quit_after_run = False
-        self._terminal_lost = False
-        self.terminal_fd = terminal_fd
-        self.before_hard_exit = before_hard_exit
+        self.terminal = Terminal(terminal_fd, before_hard_exit)
         self._table_due = False
         self._log_title_extra = ""
         run.subscribe(self.model.apply)
@@ -127,10 +105,9 @@ class SupervisorApp(App[int]):
         yield KeyHints(self.BINDINGS, id="keys")
 
     def on_mount(self) -> None:
-        self.query_one(VerdictPanel).display = False
         self.set_interval(1 / TABLE_HZ, self.refresh_table)
         self.set_interval(1 / LOG_HZ, self.flush_logs)
-        if self.terminal_fd is not None:
+        if self.terminal.fd is not None:
             self.set_interval(1.0, self._check_terminal)
         self.refresh_table()
         self._update_log_title()
@@ -141,72 +118,41 @@ class SupervisorApp(App[int]):
     async def _run(self) -> None:
         ending = await self.run_handle.run()
         self.show_ending(ending)
-        if self._terminal_gone():
-            self._hard_exit(ending.verdict.code)
-        if self.run_handle.cancelled_by_signal() or self._quit_after_run:
-            # A scheduler asked the run to stop: nobody is at the keyboard to read the verdict.
+        if self.terminal.gone():
+            self.terminal.hard_exit(ending.verdict.code)
+        if self.run_handle.cancelled_by_signal() or self.terminal.lost:
+            # A scheduler asked the run to stop, or the terminal is gone: nobody is at the
+            # keyboard to read the verdict.
             self.exit(ending.verdict.code)
             return
-        self._exit_on_signals(ending.verdict.code)
-
-    def _exit_on_signals(self, code: int) -> None:
-        """After the run, SIGTERM / SIGHUP / SIGINT close the app with the run's code."""
-        import asyncio
-
-        try:
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, self.exit, code)
-            loop.add_signal_handler(signal.SIGHUP, self._hard_exit, code)
-        except (RuntimeError, ValueError, NotImplementedError):
-            pass  # not the main thread (tests): nothing to do
-
-    def _terminal_gone(self) -> bool:
-        if self.terminal_fd is None:
-            return False
-        try:
-            os.tcgetpgrp(self.terminal_fd)
-        except OSError:
-            return True
-        return False
-
-    def _hard_exit(self, code: int) -> None:
-        """The terminal is gone: nothing to restore, and Textual's own shutdown can block
-        writing to it. The envelope is already written; leave now."""
-        if self.before_hard_exit is not None:
-            self.before_hard_exit()
-        os._exit(code)
+        exit_on_signals(self.exit, self.terminal, ending.verdict.code)
 
     def _check_terminal(self) -> None:
         """A closed terminal is a hang-up, even when no SIGHUP arrives (or it was ignored)."""
-        if self.terminal_fd is None or self._terminal_lost or not self._terminal_gone():
+        if self.terminal.lost or not self.terminal.gone():
             return
-        self.terminal_lost()
+        self.terminal.stop_drawing(self._driver)
         if self.ending is not None:
-            self._hard_exit(self.ending.verdict.code)
+            self.terminal.hard_exit(self.ending.verdict.code)
         else:  # the same cause as the SIGHUP that usually came first: merged, never a kill
             self.run_handle.request_cancel(TERMINAL_CLOSED, signal.SIGHUP,
                                            source=CancelSource.TERMINAL, cause="hang-up")
 
+    def panic(self, *renderables: RenderableType) -> None:
+        """Textual's input thread fails on a hung-up terminal (EIO) and asks the app to panic:
+        that is the terminal closing, not a crash. The run stops gracefully, and the app
+        quits once it has (no path ends the app before the envelope is written)."""
+        if self.terminal.fd is not None and self.terminal.gone():
+            self._check_terminal()
+            return
+        super().panic(*renderables)
+
     def hangup_origin(self) -> tuple[CancelSource, str] | None:
         """For the engine's SIGHUP handler: was it the terminal closing? (Then say so.)"""
-        if not self._terminal_gone():
+        if not self.terminal.gone():
             return None
-        self.terminal_lost()
+        self.terminal.stop_drawing(self._driver)
         return CancelSource.TERMINAL, TERMINAL_CLOSED
-
-    def terminal_lost(self) -> None:
-        """Stop drawing: writes to a dead terminal can block Textual's writer thread, and with
-        it the loop the engine shares while it finishes the stop. The app quits after the run."""
-        if self._terminal_lost:
-            return
-        self._terminal_lost = self._quit_after_run = True
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        try:
-            for fd in {1, 2, self.terminal_fd or 1}:
-                os.dup2(devnull, fd)
-        finally:
-            os.close(devnull)
 
     def show_ending(self, ending: RunEnding) -> None:
         self.ending = ending
@@ -232,13 +178,15 @@ class SupervisorApp(App[int]):
 
     def refresh_table(self) -> None:
         self._table_due = False
-        label = self.ending.verdict.label if self.ending else None
         try:
             header, table = self.query_one(RunHeader), self.query_one(RankTable)
+            keys = self.query_one(KeyHints)
         except NoMatches:  # a timer tick while the app is being torn down
             return
-        header.render_for(self.model, label)
+        header.render_for(self.model, self.ending.verdict.label if self.ending else None)
         table.refresh_from(self.model)
+        phase = "ended" if self.ending else "stopping" if self.model.stop else "running"
+        keys.show_phase(phase, self.ending.verdict.code if self.ending else None)
 
     def flush_logs(self) -> None:
         try:

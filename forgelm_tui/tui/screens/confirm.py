@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
@@ -23,7 +23,9 @@ class ConfirmCancel(ModalScreen[bool]):
         self._grace = grace
 
     def compose(self) -> ComposeResult:
-        with Vertical(id="confirm-box"):
+        # The question and the buttons are docked (the .tcss): on a small screen the text
+        # between them scrolls, and what to press always shows.
+        with VerticalScroll(id="confirm-box"):
             yield Static("Stop the run?", id="confirm-title")
             yield Static(
                 f"Every live rank of {self._ranks} gets SIGTERM now; whatever is still "

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from rich.table import Table
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical
+from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
@@ -17,8 +19,8 @@ WIDGET_KEYS = (
 )
 
 
-def key_lines(bindings: Iterable[Binding]) -> list[str]:
-    """One line per action: its keys (``c / ctrl+c``) and what it does."""
+def key_rows(bindings: Iterable[Binding]) -> list[tuple[str, str]]:
+    """One row per action: its keys (``c / ctrl+c``) and what it does."""
     keys: dict[str, list[str]] = {}
     text: dict[str, str] = {}
     for binding in bindings:
@@ -27,8 +29,18 @@ def key_lines(bindings: Iterable[Binding]) -> list[str]:
     rows = [(" / ".join(k), text[action]) for action, k in keys.items()]
     rows[2:2] = WIDGET_KEYS[:1]  # before the rank and log keys
     rows.append(WIDGET_KEYS[1])
-    width = max(len(k) for k, _ in rows)
-    return [f"  {k.ljust(width)}  {t}" for k, t in rows]
+    return rows
+
+
+def key_grid(rows: list[tuple[str, str]]) -> Table:
+    """Keys in one column, what they do in the other: a narrow screen wraps the text under
+    its own column, never under the keys."""
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(no_wrap=True)
+    grid.add_column()
+    for keys, text in rows:
+        grid.add_row(Text(keys), Text(text))  # Text: no markup
+    return grid
 
 
 class HelpScreen(ModalScreen[None]):
@@ -36,10 +48,10 @@ class HelpScreen(ModalScreen[None]):
 
     def __init__(self, bindings: Iterable[Binding]) -> None:
         super().__init__()
-        self._lines = key_lines(bindings)
+        self._rows = key_rows(bindings)
 
     def compose(self) -> ComposeResult:
-        with Vertical(id="help-box"):
+        with VerticalScroll(id="help-box"):  # the title docked (the .tcss), the keys scroll
             yield Static("forgelm-tui keys", id="help-title")
-            yield Static("\n".join(self._lines), id="help-keys", markup=False)
+            yield Static(key_grid(self._rows), id="help-keys")
             yield Static("Lines marked [rank N]! came from stderr.", markup=False)

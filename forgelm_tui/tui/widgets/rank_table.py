@@ -1,13 +1,19 @@
 """The rank table: one row per rank, only changed cells repainted, at most twice a second.
 
-A column that widens changes the table's virtual size, and that is a layout pass of the whole
-screen (25-50 ms here). Columns start as wide as the values they will soon hold (a pid, RSS,
-uptime...), so the first samples of a run widen nothing; only rare cells (exit, signal, a long
-progress text) may still widen a column.
+The table never scrolls sideways. Each column wants the width of the widest value it has held
+(at least its starting width: a pid, RSS, uptime... so the first samples of a run widen
+nothing); when they do not all fit, columns give way in a fixed order (``GIVE_WAY``): the last
+line shrinks, CPU, RSS, kids and uptime hide, then local rank and pid, progress keeps only its
+step/total... Rank, state, exit and signal always show. A cell wider than its column is clipped
+with an ellipsis, never cut silently: a silently cut ``40/100`` reads ``40/10``.
+
+A new layout (a resize, a scrollbar, a column that needs more room) rebuilds the table once: a
+layout pass of the whole screen (25-50 ms here), rare. Otherwise only changed cells update.
 """
 
 from __future__ import annotations
 
+from rich.cells import cell_len, set_cell_size
 from rich.text import Text
 from textual.widgets import DataTable
 
@@ -32,6 +38,21 @@ COLUMNS = (
     ("signal", "signal", 6),
     ("last", "last line", LAST_LINE_CHARS),
 )
+WIDEST = {"last": LAST_LINE_CHARS, "signal": 32, "progress": 24}  # wider values are clipped
+
+CORE = -1  # a progress floor: its step/total, never clipped ("40/100" of "40/100 loss 2.2")
+# How columns give way when the table is too narrow, in this order: (key, floor) shrinks the
+# column down to ``floor`` cells at most, (key, None) hides it. What a later step frees goes back
+# to the columns that shrank. Not listed: rank and state, always shown whole.
+GIVE_WAY: tuple[tuple[str, int | None], ...] = (
+    ("last", 24), ("signal", 24),
+    ("cpu", None), ("rss", None), ("children", None), ("uptime", None),
+    ("local", None), ("pid", None), ("last", 12), ("progress", CORE), ("signal", 18),
+    ("age", None), ("last", None),
+    ("signal", 8), ("exit", 6), ("progress", None),
+)
+NUMBER = "0123456789.,/:+-eE%"  # the characters a number is written with (for a cut)
+CELL_PADDING = 1  # DataTable's: each column takes its width plus a blank on either side
 
 STATE_STYLES = {
     "starting": "dim",
@@ -43,14 +64,61 @@ STATE_STYLES = {
     "killed": "red",
 }
 
+Cell = tuple[str, str]  # (plain text, style)
+
 
 def _clip(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: width - 1] + "…"
+    """``text`` in at most ``width`` cells; a cut shows as an ellipsis, never silently, and
+    never inside a number: ``40/100 loss 2.153`` is ``40/100 loss …``, not ``40/100 loss 2.1…``."""
+    if cell_len(text) <= width:
+        return text
+    if width <= 0:
+        return ""
+    head = set_cell_size(text, width - 1)
+    if len(head) == cell_len(head) and text[len(head)] in NUMBER and head[-1:] in NUMBER:
+        head = head.rstrip(NUMBER)
+    return head + "…"
 
 
-def _text(cell: tuple[str, str]) -> Text:
+def _clip_progress(text: str, width: int) -> str:
+    """Progress keeps its step/total whole when the metric does not fit: ``40/100``."""
+    core = text.split(" ", 1)[0]
+    if cell_len(core) <= width < cell_len(text) and width < cell_len(core) + 3:
+        return core
+    return _clip(text, width)
+
+
+def _text(cell: Cell) -> Text:
     plain, style = cell
     return Text(plain, style=style, no_wrap=True)
+
+
+def fit_columns(wanted: dict[str, int], width: int, core: int) -> dict[str, int]:
+    """The columns shown and their widths, in ``width`` cells (0: not laid out yet, all)."""
+    widths = dict(wanted)
+    shrunk: list[str] = []
+
+    def excess() -> int:
+        return sum(w + 2 * CELL_PADDING for w in widths.values()) - width
+
+    for key, floor in GIVE_WAY:
+        if width <= 0 or excess() <= 0:
+            break
+        if key not in widths:
+            continue
+        if floor is None:
+            del widths[key]
+            continue
+        floor = core if floor == CORE else floor
+        widths[key] = max(min(widths[key], floor), widths[key] - excess())
+        shrunk.append(key)
+    slack = -excess()
+    for key in reversed(shrunk):
+        if key in widths and slack > 0:
+            grow = min(slack, wanted[key] - widths[key])
+            widths[key] += grow
+            slack -= grow
+    return widths
 
 
 def human_bytes(value: int) -> str:
@@ -78,17 +146,13 @@ class RankTable(DataTable[Text]):
 
     def __init__(self, **kwargs: object) -> None:
         super().__init__(cursor_type="row", zebra_stripes=False, **kwargs)  # type: ignore[arg-type]
-        self._shown: dict[tuple[int, str], tuple[str, str]] = {}
-        self._widths: dict[str, int] = {}
+        self._cells: dict[int, dict[str, Cell]] = {}  # every cell in full, for a rebuild
+        self._shown: dict[tuple[int, str], Cell] = {}  # as shown: clipped to its column
+        self._wanted = {key: width for key, _, width in COLUMNS}
+        self._core = 0
+        self.shown_widths: dict[str, int] = {}  # the columns shown and their widths
 
-    def on_mount(self) -> None:
-        for key, label, width in COLUMNS:
-            # An auto-width column fits its label and cells: trailing blanks in the label set
-            # its starting width and stay invisible.
-            self.add_column(label.ljust(width), key=key)
-            self._widths[key] = width
-
-    def cells(self, model: RunModel, row: RankRow) -> dict[str, tuple[str, str]]:
+    def cells(self, model: RunModel, row: RankRow) -> dict[str, Cell]:
         """Each cell as (plain text, style): cheap to compare, made into Text only if changed."""
         style = STATE_STYLES.get(row.state.value, "")
         active = row.ended_at is None and row.pid is not None
@@ -105,35 +169,86 @@ class RankTable(DataTable[Text]):
             "progress": (row.progress_text(), ""),
             "exit": (row.exit_text(), style),
             "signal": (row.signal_text(), "red" if row.signal else "magenta"),
-            "last": (_clip(row.last_line, LAST_LINE_CHARS), ""),
+            "last": (row.last_line[: LAST_LINE_CHARS * 2], ""),
         }
 
     def refresh_from(self, model: RunModel) -> None:
-        """Update only the cells whose text or style changed; widen a column only when needed.
+        """Update only the cells whose text or style changed; lay out again only when needed.
 
         Every update_cell invalidates the table's render cache, but the repaint happens once
         per refresh whatever the number of changed cells.
         """
         for rank in sorted(model.ranks):
-            row = model.ranks[rank]
-            cells = self.cells(model, row)
+            cells = self.cells(model, model.ranks[rank])
+            self._cells[rank] = cells
+            self._want(cells)
+        layout = self._fit()
+        if layout != self.shown_widths:
+            self._rebuild(layout)
+            return
+        for rank, cells in self._cells.items():
             if str(rank) not in self.rows:
-                self.add_row(*(_text(c) for c in cells.values()), key=str(rank))
-                for key, cell in cells.items():
-                    self._shown[(rank, key)] = cell
-                    self._widths[key] = max(self._widths.get(key, 0), len(cell[0]))
+                self._add_row(rank, cells)
                 continue
-            for key, cell in cells.items():
-                if self._shown.get((rank, key)) == cell:
-                    continue
-                self._shown[(rank, key)] = cell
-                wider = len(cell[0]) > self._widths.get(key, 0)
-                if wider:
-                    self._widths[key] = len(cell[0])
-                self.update_cell(str(rank), key, _text(cell), update_width=wider)
+            for key, cell in self._clipped(cells).items():
+                if self._shown.get((rank, key)) != cell:
+                    self._shown[(rank, key)] = cell
+                    self.update_cell(str(rank), key, _text(cell))
 
     def selected_rank(self) -> int | None:
         if not self.row_count:
             return None
         key = self.coordinate_to_cell_key(self.cursor_coordinate).row_key
         return int(key.value) if key.value is not None else None
+
+    # ------------------------------------------------------------------ layout
+
+    def on_resize(self) -> None:
+        self._relayout()
+
+    def watch_show_vertical_scrollbar(self) -> None:
+        """The scrollbar takes a column or two of the table's width (or gives them back)."""
+        self.call_later(self._relayout)
+
+    def _relayout(self) -> None:
+        layout = self._fit()
+        if layout != self.shown_widths:
+            self._rebuild(layout)
+
+    def _want(self, cells: dict[str, Cell]) -> None:
+        for key, (plain, _) in cells.items():
+            width = min(cell_len(plain), WIDEST.get(key, 1 << 16))
+            if width > self._wanted[key]:
+                self._wanted[key] = width
+        core = cell_len(cells["progress"][0].split(" ", 1)[0])
+        self._core = max(self._core, core)
+
+    def _fit(self) -> dict[str, int]:
+        width = self.scrollable_content_region.width if self.size.width else 0
+        return fit_columns(self._wanted, width, self._core)
+
+    def _clipped(self, cells: dict[str, Cell]) -> dict[str, Cell]:
+        widths = self.shown_widths
+        return {key: ((_clip_progress if key == "progress" else _clip)(plain, widths[key]), style)
+                for key, (plain, style) in cells.items() if key in widths}
+
+    def _add_row(self, rank: int, cells: dict[str, Cell]) -> None:
+        shown = self._clipped(cells)
+        self.add_row(*(_text(cell) for cell in shown.values()), key=str(rank))
+        self._shown.update(((rank, key), cell) for key, cell in shown.items())
+
+    def _rebuild(self, layout: dict[str, int]) -> None:
+        """Columns and rows anew, the cursor on the same row; no highlight message (the
+        selection did not change: the log pane keeps its rank)."""
+        self.shown_widths = layout
+        row = self.cursor_row
+        with self.prevent(DataTable.RowHighlighted, DataTable.CellHighlighted):
+            self.clear(columns=True)
+            self._shown.clear()
+            for key, label, _ in COLUMNS:
+                if key in layout:
+                    self.add_column(Text(_clip(label, layout[key])), width=layout[key], key=key)
+            for rank, cells in sorted(self._cells.items()):
+                self._add_row(rank, cells)
+            if 0 < row < self.row_count:
+                self.move_cursor(row=row, animate=False)

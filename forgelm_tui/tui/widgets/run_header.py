@@ -1,8 +1,13 @@
-"""The run's header: state, elapsed time, the grace countdown, the verdict, the command."""
+"""The run's header: state, the grace countdown, the verdict, elapsed time; then the command.
+
+The first line never wraps: when it does not fit, its least useful parts go first (the name, the
+run id, the rank count...), and the state, the countdown and the exit code stay. The command is
+the second line, elided when it is too long, and dropped when the screen is short (CSS).
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from rich.text import Text
 from textual.widget import Widget
@@ -10,38 +15,84 @@ from textual.widget import Widget
 from forgelm_tui.tui.model import RunModel
 from forgelm_tui.tui.widgets.rank_table import human_seconds
 
+GAPS = {"·": ("  ·  ", " · "), "  ": ("  ", " "), " ": (" ", " ")}  # (wide, narrow)
+STATE_STYLES = {"RUNNING": "bold green", "STOPPING": "bold magenta", "FINISHED": "bold cyan"}
+
+
+class Part(NamedTuple):
+    """A piece of the first line; ``drop`` orders which go first (0: never), ``gap`` joins it
+    to the piece before: "·" a separator, "  " a pause, " " within one statement."""
+
+    text: str
+    style: str = ""
+    drop: int = 0
+    gap: str = "·"
+
+
+def _live(ranks: tuple[int, ...]) -> str:
+    if len(ranks) > 4:
+        return f"({len(ranks)} ranks left)"
+    return f"(rank{'s' if len(ranks) != 1 else ''} {','.join(map(str, ranks)) or '-'} left)"
+
+
+def header_parts(model: RunModel, verdict_label: str | None) -> list[Part]:
+    state = model.state.upper()
+    parts = [Part("forgelm-tui", "bold", 5), Part(state, STATE_STYLES.get(state, "bold"), 0, "  ")]
+    left = model.seconds_left()
+    if left is not None:
+        parts += [Part(f"SIGKILL in {left:.0f} s", "bold magenta", 0, "  "),
+                  Part(_live(model.live_ranks), "magenta", 1, " ")]
+    if model.state == "stopping" and model.stop_reason:
+        parts.append(Part(model.stop_reason, "magenta", 2))
+    if verdict_label:
+        parts.append(Part(f"exit {verdict_label}", "bold", 0, "  "))
+    parts += [Part(f"elapsed {human_seconds(model.elapsed())}", "", 2),
+              Part(f"{model.world_size} rank{'s' if model.world_size != 1 else ''}", "", 3),
+              Part(f"run {model.run_id}", "", 4)]
+    return parts
+
+
+def _join(parts: list[Part], wide: bool) -> Text:
+    text = Text(no_wrap=True, overflow="ellipsis")
+    for index, part in enumerate(parts):
+        if index:
+            text.append(GAPS[part.gap][0 if wide else 1])
+        text.append(part.text, style=part.style)
+    return text
+
+
+def fit_line(parts: list[Part], width: int) -> Text:
+    """One line in ``width`` cells: wide gaps, then narrow ones, then without the parts that go
+    first; an ellipsis only when even the parts that never go do not fit."""
+    kept = list(parts)
+    while True:
+        for wide in (True, False):
+            line = _join(kept, wide)
+            if line.cell_len <= width:
+                return line
+        droppable = [p for p in kept if p.drop]
+        if not droppable:
+            line.truncate(width, overflow="ellipsis")
+            return line
+        kept.remove(max(reversed(droppable), key=lambda p: p.drop))
+
 
 class RunHeader(Widget):
     """Two fixed lines; repainted without a layout pass (a Static.update reflows the screen)."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self._text = Text()
+        self._parts: list[Part] = []
+        self._command = ""
 
     def render(self) -> Text:
-        return self._text
+        width = self.size.width or 80
+        command = Text(self._command, style="dim", no_wrap=True, overflow="ellipsis")
+        command.truncate(width, overflow="ellipsis")
+        return Text("\n", no_wrap=True).join([fit_line(self._parts, width), command])
 
     def render_for(self, model: RunModel, verdict_label: str | None) -> None:
-        state = model.state.upper()
-        style = {"RUNNING": "bold green", "STOPPING": "bold magenta",
-                 "FINISHED": "bold cyan"}.get(state, "bold")
-        line1 = Text.assemble(
-            ("forgelm-tui ", "bold"),
-            f"run {model.run_id}  ·  {model.world_size} rank(s)  ·  "
-            f"elapsed {human_seconds(model.elapsed())}  ·  ",
-            (state, style),
-        )
-        left = model.seconds_left()
-        if left is not None:
-            live = ",".join(str(r) for r in model.live_ranks) or "-"
-            line1.append(f"  SIGKILL in {left:.0f} s (ranks {live} left): {model.stop_reason}",
-                         style="magenta")
-        elif model.state == "stopping" and model.stop_reason:
-            line1.append(f"  {model.stop_reason}", style="magenta")
-        if verdict_label:
-            line1.append(f"  exit {verdict_label}", style="bold")
-        line2 = Text(" ".join(model.command), style="dim", no_wrap=True, overflow="ellipsis")
-        text = Text("\n").join([line1, line2])
-        if text.plain != self._text.plain or text.spans != self._text.spans:
-            self._text = text
+        parts, command = header_parts(model, verdict_label), " ".join(model.command)
+        if parts != self._parts or command != self._command:
+            self._parts, self._command = parts, command
             self.refresh()
