@@ -3,6 +3,7 @@ truth: one dialog at a time, closed when the state changes under it, never a sta
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
@@ -192,3 +193,26 @@ async def test_search_highlights_the_current_match_and_an_empty_search_clears() 
         assert pane.query_text == "" and pane.matches == []
         assert "needle" not in str(app.query_one("#log-title", Static).render())
         assert _highlighted(pane, match - int(pane.scroll_y)) == ""
+
+
+async def test_the_countdown_names_only_live_ranks_singular_and_plural() -> None:
+    from forgelm_tui.engine.events import RankState
+    from forgelm_tui.tui.widgets.run_header import RunHeader
+
+    app, run, prepare = scripted_app("running")
+    async with app.run_test(size=(150, 40)) as pilot:
+        await prepare(pilot)
+        run.emit(ev.RunStopping(StopKind.CANCEL, "cancelled by operator", "operator", 30.0,
+                                tuple(range(8)), T0 + 97))
+        for rank in range(6):
+            run.emit(ev.RankExited(rank, None, signal.SIGTERM, True, T0 + 98),
+                     ev.RankStateChanged(rank, RankState.KILLED))
+        app.refresh_table()
+        await pilot.pause()
+        header = str(app.query_one(RunHeader).render())
+        assert "(ranks 6,7 left)" in header, header
+        run.emit(ev.RankExited(6, None, signal.SIGTERM, True, T0 + 99))
+        app.refresh_table()
+        await pilot.pause()
+        header = str(app.query_one(RunHeader).render())
+        assert "(rank 7 left)" in header, header
