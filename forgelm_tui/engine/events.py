@@ -91,6 +91,10 @@ class RankOutput:
     ``raw`` is the lines as the rank wrote them, joined by newlines (no final one). A view that
     shows every line (``--no-tui``) reads ``lines``; one that shows a few of a flood (the TUI)
     reads ``tail(n)`` and never pays for the rest.
+
+    Bounded: from the engine ``raw`` is at most one read chunk plus the held-back partial line
+    (``engine.output.MAX_OUTPUT_BYTES``, 128 KiB), however long the rank's lines are; each of
+    ``lines`` is at most ``MAX_LINE_CHARS`` characters. A view keeping chunks bounds them itself.
     """
 
     rank: int
@@ -113,18 +117,30 @@ class RankOutput:
     def lines(self) -> tuple[str, ...]:
         return tuple(sanitize_block(self.raw))
 
-    def tail(self, n: int) -> tuple[str, ...]:
-        """The last ``n`` lines, sanitised; only those are decoded."""
+    def tail(self, n: int, *, keep: bool = True) -> tuple[str, ...]:
+        """The last ``n`` lines, sanitised; only those are decoded. All of them, once decoded,
+        are kept as ``lines`` unless ``keep`` is false: a view that keeps chunks keeps their
+        raw bytes only, not a decoded copy as well."""
         if n <= 0:
             return ()
-        if n >= self.count or "lines" in self.__dict__:
+        if "lines" in self.__dict__ or (n >= self.count and keep):
             return self.lines[-n:]
+        if n >= self.count:
+            return tuple(sanitize_block(self.raw))
         return tuple(sanitize_line(part.decode("utf-8", "replace"))
                      for part in self.raw.rsplit(b"\n", n)[1:])
 
     @cached_property
     def last_line(self) -> str:
         return self.tail(1)[0]
+
+    def raw_only(self) -> RankOutput:
+        """The same chunk without the text decoded from it so far (made again when asked): what
+        a view that keeps chunks keeps. The line count, cheap to keep, comes along."""
+        bare = RankOutput(self.rank, self.stream, self.raw)
+        if "count" in self.__dict__:
+            bare.__dict__["count"] = self.__dict__["count"]
+        return bare
 
 
 @dataclass(frozen=True)

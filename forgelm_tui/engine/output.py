@@ -2,6 +2,11 @@
 
 Every byte goes to the rank's log file as it arrives, whatever any view does; views get
 :class:`RankOutput` events of complete lines. Nothing here is per line.
+
+Memory per rank stream is bounded whatever the rank writes: one read chunk (READ_CHUNK), the
+partial line held back (at most MAX_PENDING_BYTES; a longer line is shown by its head and
+skipped to its newline) and one event in flight (at most MAX_OUTPUT_BYTES), plus the stderr
+tail (STDERR_TAIL_LINES sanitised lines, each at most MAX_LINE_CHARS characters).
 """
 
 from __future__ import annotations
@@ -18,9 +23,10 @@ from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.events import Stream
 from forgelm_tui.engine.progress import ProgressReader
 from forgelm_tui.engine.records import STDERR_TAIL_LINES, RankRecord
-from forgelm_tui.engine.sanitize import LineSplitter
+from forgelm_tui.engine.sanitize import MAX_PENDING_BYTES, LineSplitter
 
 READ_CHUNK = 1 << 16
+MAX_OUTPUT_BYTES = READ_CHUNK + MAX_PENDING_BYTES + 1  # the most raw one RankOutput carries
 LOG_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
 
 

@@ -20,7 +20,7 @@ from forgelm_tui.engine.events import (
 )
 from forgelm_tui.verdict import RankEnding, StopKind
 
-STDERR_TAIL_LINES = 40
+STDERR_TAIL_LINES = 40  # sanitised lines, each <= MAX_LINE_CHARS: <= 80,000 chars a rank
 
 
 class CancelSource(StrEnum):

@@ -10,6 +10,7 @@ watchers and only the pane and its scrollbars repaint; the scrollbars are always
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Sequence
 
 from rich.cells import cell_len
@@ -26,6 +27,9 @@ from textual.widget import Widget
 
 from forgelm_tui.tui.model import LOG_KEEP_MERGED, LogLine, LogStore
 
+# Characters of text kept: at most 8 MiB of str (a line cut at 2000 characters ends in "…", so
+# Python stores it at two bytes a character; four for text beyond the BMP).
+LOG_PANE_MAX_CHARS = 4 << 20
 MATCH_STYLE = Style(color="black", bgcolor="yellow", bold=True)  # the current search match
 
 
@@ -43,8 +47,14 @@ def stream_text(line: str) -> Text:
     return text
 
 
+def _single_cells(line: str) -> bool:
+    """Every character one cell wide: ASCII (sanitised, so printable), maybe a final "…"."""
+    return line.isascii() or (line[-1] == "…" and line[:-1].isascii())
+
+
 class LogPane(ScrollView, can_focus=True):
-    """Every rank's lines (``rank=None``) or one rank's, the newest ``max_lines`` of them.
+    """Every rank's lines (``rank=None``) or one rank's: the newest ``max_lines`` of them, and
+    no more than ``max_chars`` characters in all (lines can be 2000 characters each).
 
     Following (``auto_scroll``) means the newest line stays in view. Scrolling up by hand pauses
     it and scrolling back to the end resumes it, as a pager does; each change is posted as
@@ -64,18 +74,21 @@ class LogPane(ScrollView, can_focus=True):
     }
     """
 
-    def __init__(self, max_lines: int = LOG_KEEP_MERGED, **kwargs: str | None) -> None:
+    def __init__(self, max_lines: int = LOG_KEEP_MERGED, max_chars: int = LOG_PANE_MAX_CHARS,
+                 **kwargs: str | None) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.max_lines = max_lines
+        self.max_chars = max_chars
         self.auto_scroll = True
         self.rank: int | None = None
         self.matches: list[int] = []
         self.match_index = -1
         self.query_text = ""
         self._lines: list[str] = []
+        self._chars = 0  # characters in _lines
         self._first = 0  # the line number of _lines[0] since the last clear: cache keys
         self._width = 0
-        self._strips: LRUCache[int, Strip] = LRUCache(1024)
+        self._strips: LRUCache[tuple[int, int, int], Strip] = LRUCache(1024)
         self._scrolling = False  # a scroll of the pane's own (follow, search): not the reader's
         self._match_key: int | None = None  # the current match's line number since the clear
 
@@ -101,6 +114,7 @@ class LogPane(ScrollView, can_focus=True):
 
     def clear(self) -> None:
         self._lines.clear()
+        self._chars = 0
         self._first = 0
         self._width = 0
         self._strips.clear()
@@ -118,10 +132,10 @@ class LogPane(ScrollView, can_focus=True):
         follow = self.auto_scroll and not (
             self.is_mounted and self.app.animator.is_being_animated(self, "scroll_y"))
         self._lines.extend(new)
+        self._chars += sum(map(len, new))
         self._width = max(self._width, max(map(cell_len, new)))
-        pruned = len(self._lines) - self.max_lines
+        pruned = self._prune()
         if pruned > 0:
-            del self._lines[:pruned]
             self._first += pruned
             self._drop_selection()  # it was made of line numbers that now mean other lines
         self._resize()
@@ -130,6 +144,18 @@ class LogPane(ScrollView, can_focus=True):
         elif pruned > 0:  # keep the same lines in view while they last
             self._scroll_myself(max(0, self.scroll_y - pruned))
         self.refresh()
+
+    def _prune(self) -> int:
+        """Drop the oldest lines past ``max_lines`` or ``max_chars``; how many went."""
+        count = max(0, len(self._lines) - self.max_lines)
+        chars = self._chars - sum(map(len, itertools.islice(self._lines, count)))
+        while chars > self.max_chars and count < len(self._lines) - 1:
+            chars -= len(self._lines[count])  # a Python step per line dropped, never per kept
+            count += 1
+        if count:
+            del self._lines[:count]
+            self._chars = chars
+        return count
 
     def set_follow(self, following: bool) -> None:
         if following != self.auto_scroll:
@@ -187,24 +213,38 @@ class LogPane(ScrollView, can_focus=True):
         style = self.rich_style
         if index >= len(self._lines):
             return Strip.blank(width, style)
-        strip = self._strip(index, style)
-        return strip.crop_extend(scroll_x, scroll_x + width, style).apply_offsets(scroll_x, index)
+        line = self._lines[index]
+        start, end = 0, 0  # the whole line
+        if len(line) > width and _single_cells(line):
+            start, end = scroll_x, scroll_x + width  # only what shows: see _strip
+        strip = self._strip(index, style, start, end)
+        return strip.crop_extend(scroll_x - start, scroll_x - start + width,
+                                 style).apply_offsets(scroll_x, index)
 
-    def _strip(self, index: int, style: Style) -> Strip:
+    def _strip(self, index: int, style: Style, start: int, end: int) -> Strip:
+        """Line ``index`` rendered, whole (``end`` 0) or its cells ``start:end``.
+
+        A wide line is rendered only where it shows: a whole 2000-character strip, cropped to
+        the pane, leaves copies of the line in rich's cache of split segments (16k entries, up
+        to ~100 MB of a flood of wide lines), and a whole one kept here costs as much again.
+        """
         selection = self.text_selection
-        key = self._first + index
+        line_key = self._first + index
+        key = (line_key, start, end)
         if selection is None and (cached := self._strips.get(key)) is not None:
             return cached
         line = self._lines[index]
         text = stream_text(line)
         text.stylize_before(style)
-        if key == self._match_key and self.query_text:
+        if line_key == self._match_key and self.query_text:
             text.highlight_words([self.query_text], MATCH_STYLE, case_sensitive=False)
         if selection is not None and (span := selection.get_span(index)) is not None:
-            start, end = span
+            chosen, until = span
             text.stylize(self.screen.get_component_rich_style("screen--selection"),
-                         start, len(text) if end == -1 else end)
-        strip = Strip(text.render(self.app.console), cell_len(line))
+                         chosen, len(text) if until == -1 else until)
+        if end:
+            text = text[start:end]  # cells are characters here (_single_cells)
+        strip = Strip(text.render(self.app.console), text.cell_len)
         if selection is None:
             self._strips[key] = strip
         return strip
