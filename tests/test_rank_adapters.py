@@ -34,7 +34,8 @@ def _done(marks: Path, rank: int) -> dict[str, Any]:
 def _assert_stopped_together(envelope: dict[str, Any], marks: Path, step: int,
                              signalled: int) -> None:
     assert envelope["exit_code"] == 2, envelope["decided_by"]
-    assert envelope["decided_by"]["rule"] == 4
+    assert envelope["decided_by"]["rule"] == 4, (envelope["decided_by"], [
+        (r["rank"], r["exit_code"], r["signal"], r["stderr_tail"]) for r in envelope["ranks"]])
     assert envelope["decided_by"]["rank"] == signalled
     assert envelope["outside_signal"] == {"rank": signalled, "signal": "SIGTERM",
                                           "ranks": [signalled]}
