@@ -106,6 +106,10 @@ async def test_verdict_details_scroll_inside_the_panel(tmp_path: Path) -> None:
         before = "".join(panel_rows(app))
         panel.focus()
         await pilot.press("end")
+        for _ in range(100):  # "end" may animate the scroll: wait for it (a deadline, no sleep)
+            if panel.scroll_y >= panel.max_scroll_y:
+                break
+            await pilot.pause(0.02)
         await pilot.pause()
         rows = panel_rows(app)
         assert "ValueError: boom" in rows
