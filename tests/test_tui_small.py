@@ -105,6 +105,10 @@ async def test_verdict_details_scroll_inside_the_panel(tmp_path: Path) -> None:
         assert "ValueError: boom" not in panel_rows(app)  # the traceback's last line: below
         before = "".join(panel_rows(app))
         panel.focus()
+        for _ in range(100):  # focus arrives through the message queue
+            if app.focused is panel:
+                break
+            await pilot.pause(0.02)
         await pilot.press("end")
         for _ in range(100):  # "end" may animate the scroll: wait for it (a deadline, no sleep)
             if panel.scroll_y >= panel.max_scroll_y:
