@@ -119,7 +119,7 @@ async def test_verdict_details_scroll_inside_the_panel(tmp_path: Path) -> None:
         rows = panel_rows(app)
         # The traceback's own line (a scrollbar glyph may follow it on the same row).
         assert any(row.startswith("ValueError: boom") for row in rows), rows
-        assert "root cause: rank 2: ValueError: boom" in rows  # the summary stayed
+        assert any(row.startswith("root cause: rank 2: ValueError: boom") for row in rows)
         assert f"envelope:{tmp_path / 'envelope.json'}" in "".join(rows).replace(" ", "")
         assert "".join(rows) != before
 
