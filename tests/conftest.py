@@ -123,10 +123,14 @@ def ready_pids(marks: Path, ranks: int) -> list[int]:
     return list(wait_for(all_ready, 30, f"{ranks} ranks to be ready"))
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Start ruff and mypy at once when test_lint is selected: they take ~30 s of one core on a
-    fresh clone (no cache), and most tests spend their time waiting on rank processes."""
-    if any(item.path.name == "test_lint.py" for item in items):
+def pytest_configure(config: pytest.Config) -> None:
+    """Start ruff and mypy in the session's main process when test_lint will run (the whole
+    suite, or test_lint named): they overlap the tests that wait on rank processes."""
+    if hasattr(config, "workerinput"):
+        return  # an xdist worker: the controller started them, the environment says where
+    named = [str(arg) for arg in config.args]
+    if not named or any(arg.rstrip("/") in ("tests", ".") or "test_lint" in arg
+                        for arg in named):
         from lint_jobs import start_lint_jobs
 
         start_lint_jobs()
