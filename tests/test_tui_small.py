@@ -96,7 +96,13 @@ async def test_a_verdict_with_no_details_still_shows_its_summary(tmp_path: Path)
         assert "exit 0 SUCCESS" in rows and "envelope:" in rows
 
 
-async def test_verdict_details_scroll_inside_the_panel(tmp_path: Path) -> None:
+@pytest.mark.parametrize("deep", [False, True], ids=["path", "long-path"])
+async def test_verdict_details_scroll_inside_the_panel(tmp_path: Path, deep: bool) -> None:
+    """Details scroll under the summary; a long envelope path (wrapped over rows) still
+    leaves rows for them at 80x24."""
+    if deep:
+        tmp_path = tmp_path / ("runs-of-a-long-named-project-" * 3) / "2026-12-01"
+        tmp_path.mkdir(parents=True)
     app, _, prepare = scripted_app("crashed", envelope_dir=tmp_path)
     async with app.run_test(size=SMALL) as pilot:
         await prepare(pilot)
@@ -118,7 +124,8 @@ async def test_verdict_details_scroll_inside_the_panel(tmp_path: Path) -> None:
         await pilot.pause()
         rows = panel_rows(app)
         # The traceback's own line (a scrollbar glyph may follow it on the same row).
-        assert any(row.startswith("ValueError: boom") for row in rows), rows
+        assert any(row.startswith("ValueError: boom") for row in rows), (
+            panel.scroll_y, panel.max_scroll_y, app.focused, "\n".join(rows))
         assert any(row.startswith("root cause: rank 2: ValueError: boom") for row in rows)
         assert f"envelope:{tmp_path / 'envelope.json'}" in "".join(rows).replace(" ", "")
         assert "".join(rows) != before
