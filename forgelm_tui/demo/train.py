@@ -62,6 +62,16 @@ def clean_up(rank: int, seconds: float) -> None:
     say(rank, f"rank {rank}: cleanup finished")
 
 
+def leave_together(code: int) -> None:
+    """Every rank meets here, then the process ends. No destroy_process_group: a rank tearing
+    the gloo group down while its peer's process is ending aborts ("Connection closed by peer",
+    SIGABRT): a failure nobody made, which the verdict would take for a root cause."""
+    dist.barrier()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def save_checkpoint(model: nn.Module, step: int) -> Path:
     run_dir = Path(os.environ.get("FORGELM_TUI_RUN_DIR", "."))
     path = run_dir / "demo-checkpoint.pt"
@@ -109,13 +119,11 @@ def main() -> int:
                     say(rank, f"saved {save_checkpoint(model.module, step)}")
                 clean_up(rank, opts.cleanup_seconds)
                 say(rank, f"rank {rank}: stopping together at step {step} ({stop.reason})")
-                dist.destroy_process_group()
-                return 2  # as ForgeLM reports an interrupted run
+                leave_together(2)  # 2: as ForgeLM reports an interrupted run
             time.sleep(opts.step_time)
-    dist.barrier()
-    dist.destroy_process_group()
     if rank == 0:
         say(rank, f"demo: done, exiting with {opts.exit_code}")
+    leave_together(int(opts.exit_code))
     return int(opts.exit_code)
 
 

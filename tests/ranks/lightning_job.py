@@ -139,4 +139,10 @@ done = {
 }
 mark("done", json.dumps(done))
 print(f"rank {rank}: fit returned at global step {trainer.global_step}: {done}", flush=True)
+if torch.distributed.is_available() and torch.distributed.is_initialized():
+    # Leave together: a rank still in a collective while its peer's process ends aborts
+    # ("Connection closed by peer"), a failure of its own that the test did not inject.
+    torch.distributed.barrier()
+    sys.stderr.flush()
+    os._exit(0)
 sys.exit(0)
