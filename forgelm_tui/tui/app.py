@@ -28,7 +28,7 @@ from forgelm_tui.engine.records import CancelSource
 from forgelm_tui.signames import signal_name, signal_number
 from forgelm_tui.tui.handle import RunHandle
 from forgelm_tui.tui.model import RunModel
-from forgelm_tui.tui.screens.confirm import ConfirmCancel
+from forgelm_tui.tui.screens.confirm import ConfirmCancel, Question
 from forgelm_tui.tui.screens.forward import ConfirmForward
 from forgelm_tui.tui.screens.help import HelpScreen
 from forgelm_tui.tui.screens.search import SearchPrompt
@@ -237,7 +237,7 @@ class SupervisorApp(App[int]):
     def _close_question(self, why: str) -> None:
         """The state changed under an open question: it no longer tells the truth."""
         for screen in list(self.screen_stack):
-            if isinstance(screen, ConfirmCancel | ConfirmForward):
+            if isinstance(screen, Question):
                 screen.dismiss(None)
                 self.notify(why)
 

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
-from textual.screen import ModalScreen
-from textual.widgets import Button, Static
+
+from forgelm_tui.tui.screens.confirm import Question
 
 
 def _ranks(ranks: Sequence[int]) -> str:
@@ -28,7 +26,7 @@ def warning_text(signame: str, dying: Sequence[int], unknown: Sequence[int]) -> 
     return " ".join(parts)
 
 
-class ConfirmForward(ModalScreen[bool]):
+class ConfirmForward(Question):
     """Returns True when the operator forwards the signal anyway."""
 
     BINDINGS = [
@@ -38,24 +36,7 @@ class ConfirmForward(ModalScreen[bool]):
     ]
 
     def __init__(self, signame: str, dying: Sequence[int], unknown: Sequence[int]) -> None:
-        super().__init__()
+        super().__init__(f"Forward {signame} to every rank?",
+                         warning_text(signame, dying, unknown), "Forward (y)", "Don't (n)",
+                         "warning")
         self.signame = signame
-        self._text = warning_text(signame, dying, unknown)
-
-    def compose(self) -> ComposeResult:
-        with Vertical(id="confirm-box"):
-            yield Static(f"Forward {self.signame} to every rank?", id="confirm-title",
-                         markup=False)
-            yield Static(self._text, id="confirm-text", markup=False)
-            with Horizontal(id="confirm-buttons"):
-                yield Button("Forward (y)", variant="warning", id="confirm-yes")
-                yield Button("Don't (n)", id="confirm-no")
-
-    def on_mount(self) -> None:
-        self.query_one("#confirm-no", Button).focus()
-
-    def action_confirm(self) -> None:
-        self.dismiss(True)
-
-    def on_button_pressed(self, event: Button.Pressed) -> None:
-        self.dismiss(event.button.id == "confirm-yes")
