@@ -80,6 +80,19 @@ def test_one_cause_seen_twice_is_one_graceful_stop() -> None:
     assert h.effects.signals(KILL) == [0, 1]
 
 
+def test_a_hang_up_never_escalates_a_stop_under_way() -> None:
+    """A scheduler's SIGTERM, then the terminal closes (or a SIGHUP): still one graceful stop."""
+    h = harness(2, grace=30.0)
+    h.policy.cancel(CancelSource.SIGNAL, "SIGTERM to the supervisor", TERM)
+    h.advance(0.5)
+    assert h.policy.cancel(CancelSource.TERMINAL, "terminal closed", HUP,
+                           cause="hang-up") == "merged"
+    assert h.policy.cancel(CancelSource.SIGNAL, "SIGHUP to the supervisor", HUP,
+                           cause="hang-up") == "merged"
+    h.advance(29.0)
+    assert h.effects.signals(KILL) == []
+
+
 def test_the_cancel_is_on_record_before_the_stop_is_announced() -> None:
     """The provisional envelope is written on RunStopping: it must already name the cancel."""
     h = harness(2)

@@ -26,6 +26,7 @@ from forgelm_tui.signames import signal_name
 from forgelm_tui.verdict import StopKind
 
 Clock = Callable[[], float]
+HANG_UP = "hang-up"  # the cause of a SIGHUP and of a lost terminal
 
 
 class Timers(Protocol):
@@ -110,13 +111,16 @@ class StopPolicy:
     def cancel(self, source: CancelSource, origin: str, sig: int, cause: str | None = None) -> str:
         """A cancel request; returns its effect: "stop", "kill" or "merged".
 
-        ``cause`` names what the request stands for ("hang-up" for SIGHUP and a lost terminal
-        alike): a cause already seen adds nothing, so one cause is never an escalation.
+        ``cause`` names what the request stands for (``HANG_UP`` for SIGHUP and a lost terminal
+        alike): a cause already seen adds nothing, so one cause is never an escalation; and a
+        hang-up is never an escalation at all (a closed terminal is not a person asking again).
         """
         if cause is not None and cause in self._causes:
             effect = "merged"
-        else:
-            effect = "stop" if self.stop is None else "kill"
+        elif self.stop is None:
+            effect = "stop"
+        else:  # a hang-up is nobody asking: it never escalates a stop already under way
+            effect = "merged" if cause == HANG_UP else "kill"
         if cause is not None:
             self._causes.add(cause)
         self.cancels.append(CancelRequest(source, origin, sig, self.wall(), effect))

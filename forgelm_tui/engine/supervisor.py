@@ -20,7 +20,7 @@ from forgelm_tui.engine.channel import ChannelServer
 from forgelm_tui.engine.events import Purpose, RankState
 from forgelm_tui.engine.guardian import Guardian
 from forgelm_tui.engine.output import OutputDrain
-from forgelm_tui.engine.policy import PolicySettings, StopPolicy
+from forgelm_tui.engine.policy import HANG_UP, PolicySettings, StopPolicy
 from forgelm_tui.engine.processes import RankProcesses
 from forgelm_tui.engine.progress import ProgressReader
 from forgelm_tui.engine.records import CancelRequest, CancelSource, RankRecord, StopRecord
@@ -280,7 +280,7 @@ class Supervisor:
 
     def _install_signal_handlers(self, loop: asyncio.AbstractEventLoop) -> None:
         for sig in STOP_SIGNALS:
-            cause = "hang-up" if sig == signal.SIGHUP else None
+            cause = HANG_UP if sig == signal.SIGHUP else None
             loop.add_signal_handler(sig, self._signalled, sig, cause)
         for sig in self.spec.forward_signals:
             loop.add_signal_handler(sig, self.forward, sig)
