@@ -186,6 +186,26 @@ def _outcome(run: ScriptedRun, records: list[RankRecord], stop: StopRecord | Non
     return RunEnding(verdict, envelope, path)
 
 
+def _rank_failed(run: ScriptedRun, clock: FakeClock, failed: int, trace: list[str],
+                 envelope_dir: Path | None) -> RunEnding:
+    """Rank ``failed`` prints ``trace`` and exits 2 on its own; the others are stopped."""
+    run.emit(ev.RankOutput.of(failed, Stream.STDERR, tuple(trace)))
+    _exit(run, clock, failed, 2, None, RankState.FAILED)
+    reason = f"rank {failed} failed (exit 2)"
+    sent = [SignalSent(signal.SIGTERM, T0 + 120.001, reason, Purpose.STOP)]
+    others = tuple(r for r in range(run.world_size) if r != failed)
+    _stop(run, clock, others, StopKind.FAILURE, reason, "failure")
+    for rank in others:
+        _exit(run, clock, rank, None, signal.SIGTERM, RankState.KILLED)
+    run.emit(ev.RunFinished(clock()))
+    ends: dict[int, tuple[int | None, int | None, float, list[SignalSent]]] = {
+        r: (None, signal.SIGTERM, 121.0, sent) for r in others}
+    ends[failed] = (2, None, 120.0, [])
+    stop = StopRecord(StopKind.FAILURE, reason, "failure", None, T0 + 120.001, 0.0)
+    records = _records(run.world_size, ends, {failed: trace})
+    return _outcome(run, records, stop, [], {}, envelope_dir)
+
+
 def state_failed(run: ScriptedRun, clock: FakeClock, envelope_dir: Path | None = None) -> RunEnding:
     """Rank 1 crashed on its own; the others were stopped; the verdict names rank 1."""
     start_ranks(run, clock)
@@ -193,21 +213,7 @@ def state_failed(run: ScriptedRun, clock: FakeClock, envelope_dir: Path | None =
              '  File "forgelm/trainer.py", line 812, in train',
              "    loss.backward()",
              "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"]
-    run.emit(ev.RankOutput.of(1, Stream.STDERR, tuple(trace)))
-    _exit(run, clock, 1, 2, None, RankState.FAILED)
-    reason = "rank 1 failed (exit 2)"
-    sent = [SignalSent(signal.SIGTERM, T0 + 120.001, reason, Purpose.STOP)]
-    others = tuple(r for r in range(run.world_size) if r != 1)
-    _stop(run, clock, others, StopKind.FAILURE, reason, "failure")
-    for rank in others:
-        _exit(run, clock, rank, None, signal.SIGTERM, RankState.KILLED)
-    run.emit(ev.RunFinished(clock()))
-    ends: dict[int, tuple[int | None, int | None, float, list[SignalSent]]] = {
-        r: (None, signal.SIGTERM, 121.0, sent) for r in others}
-    ends[1] = (2, None, 120.0, [])
-    stop = StopRecord(StopKind.FAILURE, reason, "failure", None, T0 + 120.001, 0.0)
-    records = _records(run.world_size, ends, {1: trace})
-    return _outcome(run, records, stop, [], {}, envelope_dir)
+    return _rank_failed(run, clock, 1, trace, envelope_dir)
 
 
 def state_crashed(run: ScriptedRun, clock: FakeClock,
@@ -223,21 +229,7 @@ def state_crashed(run: ScriptedRun, clock: FakeClock,
         trace += [f'  File "forgelm/{name}.py", line {100 + 17 * depth}, in {name}',
                   f"    return {name}_inner(batch)"]
     trace.append("ValueError: boom")
-    run.emit(ev.RankOutput.of(2, Stream.STDERR, tuple(trace)))
-    _exit(run, clock, 2, 2, None, RankState.FAILED)
-    reason = "rank 2 failed (exit 2)"
-    sent = [SignalSent(signal.SIGTERM, T0 + 120.001, reason, Purpose.STOP)]
-    others = tuple(r for r in range(run.world_size) if r != 2)
-    _stop(run, clock, others, StopKind.FAILURE, reason, "failure")
-    for rank in others:
-        _exit(run, clock, rank, None, signal.SIGTERM, RankState.KILLED)
-    run.emit(ev.RunFinished(clock()))
-    ends: dict[int, tuple[int | None, int | None, float, list[SignalSent]]] = {
-        r: (None, signal.SIGTERM, 121.0, sent) for r in others}
-    ends[2] = (2, None, 120.0, [])
-    stop = StopRecord(StopKind.FAILURE, reason, "failure", None, T0 + 120.001, 0.0)
-    records = _records(run.world_size, ends, {2: trace})
-    return _outcome(run, records, stop, [], {}, envelope_dir)
+    return _rank_failed(run, clock, 2, trace, envelope_dir)
 
 
 def state_approval(run: ScriptedRun, clock: FakeClock,
