@@ -48,12 +48,22 @@ def _add_launch_options(parser: argparse.ArgumentParser) -> None:
     tr = parser.add_argument_group("torchrun-compatible options")
     tr.add_argument("--nproc-per-node", "--nproc_per_node", dest="nproc_per_node",
                     metavar="N", help="ranks on this node: a number, 'cpu' or 'auto'")
-    tr.add_argument("--nnodes", default="1", help="nodes (only 1 for now)")
-    tr.add_argument("--node-rank", "--node_rank", dest="node_rank", default="0",
-                    help="this node's rank (only 0 for now)")
-    tr.add_argument("--master-addr", "--master_addr", dest="master_addr", default="127.0.0.1")
+    tr.add_argument("--nnodes", default=None,
+                    help="nodes: N or N:N (one forgelm-tui per node; default 1, or SLURM's)")
+    tr.add_argument("--node-rank", "--node_rank", dest="node_rank", default=None,
+                    help="this node's rank (0 hosts the control store)")
+    tr.add_argument("--master-addr", "--master_addr", dest="master_addr", default=None,
+                    help="node 0's address (default 127.0.0.1 on one node)")
     tr.add_argument("--master-port", "--master_port", dest="master_port",
-                    help="rendezvous port (default: a free port)")
+                    help="rank 0's rendezvous port (default: a free port on one node); the "
+                         "control store listens on the next port")
+    tr.add_argument("--rdzv-endpoint", "--rdzv_endpoint", dest="rdzv_endpoint", default=None,
+                    metavar="HOST:PORT", help="the control store (node 0); MASTER_PORT "
+                                              "defaults to PORT+1")
+    tr.add_argument("--rdzv-backend", "--rdzv_backend", dest="rdzv_backend", default=None,
+                    help="static (needs --node-rank) or c10d (nodes numbered as they join)")
+    tr.add_argument("--rdzv-id", "--rdzv_id", dest="rdzv_id", default=None,
+                    help="the run id every node uses (default: node 0's)")
     tr.add_argument("--standalone", action="store_true", help="single node, free port")
     tr.add_argument("--run-path", "--run_path", dest="run_path", action="store_true",
                     help="accepted for torchrun compatibility; the script runs as with python")
@@ -62,7 +72,7 @@ def _add_launch_options(parser: argparse.ArgumentParser) -> None:
                     help="run the program directly, not through python")
     tr.add_argument("--max-restarts", "--max_restarts", dest="max_restarts", default="0",
                     help="only 0: a failed run is reported, not restarted")
-    for spelling in ("rdzv-backend", "rdzv-endpoint", "rdzv-id", "rdzv-conf", "log-dir",
+    for spelling in ("rdzv-conf", "log-dir",
                      "start-method", "role", "monitor-interval", "local-ranks-filter",
                      "local-addr", "logs-specs"):
         tr.add_argument(f"--{spelling}", f"--{spelling.replace('-', '_')}",
@@ -78,6 +88,10 @@ def _add_launch_options(parser: argparse.ArgumentParser) -> None:
                           "(default 60)")
     own.add_argument("--stall-timeout", type=float, default=None, metavar="S",
                      help="stop with code 2 when no rank shows progress for S seconds (off)")
+    own.add_argument("--join-timeout", type=float, default=300.0, metavar="S",
+                     help="multi-node: how long nodes wait for each other to join (300)")
+    own.add_argument("--node-timeout", type=float, default=10.0, metavar="S",
+                     help="multi-node: a node silent this long is lost and the run stops (10)")
     own.add_argument("--run-dir", type=Path, default=None, metavar="DIR",
                      help=f"logs and envelope (default ./{DEFAULT_RUN_ROOT}/RUN_ID)")
     own.add_argument("--envelope", type=Path, default=None, metavar="PATH",

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from forgelm_tui.cluster.config import cluster_config
+from forgelm_tui.cluster.join import ClusterConfig
 from forgelm_tui.engine.spec import LaunchSpec
 from forgelm_tui.forgelm_mode import JobConfigError, find_config_arg, read_job_config
 from forgelm_tui.options import (
@@ -67,6 +69,8 @@ class Plan:
     view: str = "headless"  # headless | tui
     envelope_paths: list[Path] = field(default_factory=list)
     forgelm_mode: bool = False
+    cluster: ClusterConfig | None = None  # multi-node (SPEC §8); None on one node
+    cluster_root: Path | None = None  # --run-dir of a multi-node run: node-<i> goes inside
 
 
 class Planner:
@@ -102,14 +106,25 @@ class Planner:
         self._check_options(ns)
         default_nproc = 2 if target.mode == "demo" else 1
         nproc = parse_count(ns.nproc_per_node, "--nproc-per-node", default_nproc)
+        cluster = cluster_config(ns, nproc, self.run_id, os.environ)
+        if cluster is not None:
+            self._multi_node(ns, cluster)
         argv = self._rank_argv(ns, target)
         graceful = ns.graceful if ns.graceful is not None else self.info.mode == "forgelm"
         if graceful:
             argv = self._graceful(argv)
         self.info.graceful = graceful
-        port = check_port(ns.master_addr, ns.master_port)
+        master_addr = ns.master_addr or "127.0.0.1"
+        if cluster is None:
+            port = check_port(master_addr, ns.master_port)
+        else:  # only node 0's rank 0 listens there; node 0 checks it
+            master_addr = cluster.master_addr
+            port = cluster.master_port or 0
+            if cluster.node_rank == 0 and cluster.master_port:
+                check_port("127.0.0.1", str(cluster.master_port))
         try:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
+            if cluster is None:
+                self.run_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise UsageError(f"--run-dir {self.run_dir}: cannot create ({exc.strerror})") from None
         spec = LaunchSpec(
@@ -117,8 +132,10 @@ class Planner:
             run_id=self.run_id,
             run_dir=self.run_dir,
             nproc_per_node=nproc,
-            master_addr=ns.master_addr,
+            master_addr=master_addr,
             master_port=port,
+            nnodes=cluster.nnodes if cluster else 1,
+            node_rank=(cluster.node_rank or 0) if cluster else 0,
             grace=ns.grace,
             drain=ns.drain,
             stall_timeout=ns.stall_timeout,
@@ -141,13 +158,22 @@ class Planner:
             view=self._view(ns),
             envelope_paths=self.envelope_paths(),
             forgelm_mode=info.mode == "forgelm",
+            cluster=cluster,
+            cluster_root=ns.run_dir.absolute() if cluster and ns.run_dir else None,
         )
 
+    def _multi_node(self, ns: argparse.Namespace, cluster: ClusterConfig) -> None:
+        """Run id and run dir as far as they are known before the join (node 0's id is
+        adopted at the join unless --rdzv-id or SLURM fixed it)."""
+        if cluster.run_id_fixed:
+            self.run_id = self.info.run_id = cluster.run_id
+        root = ns.run_dir or Path(DEFAULT_RUN_ROOT) / self.run_id
+        node = "x" if cluster.node_rank is None else cluster.node_rank
+        self.run_dir = (root / f"node-{node}").absolute()
+        self.info.nnodes = cluster.nnodes
+        self.info.node_rank = cluster.node_rank or 0
+
     def _check_options(self, ns: argparse.Namespace) -> None:
-        if ns.nnodes not in ("1", "1:1"):
-            raise UsageError("--nnodes: multi-node runs are not supported yet; use 1")
-        if ns.node_rank != "0":
-            raise UsageError("--node-rank: multi-node runs are not supported yet; use 0")
         if ns.max_restarts != "0":
             raise UsageError("--max-restarts: restarts are not supported; a failed run is "
                              "reported with its true code")

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from forgelm_tui import envelope as env_mod
 from forgelm_tui.ending import RunEnding
@@ -22,6 +22,9 @@ from forgelm_tui.forgelm_mode import extract_result
 from forgelm_tui.headless import HeadlessView, OutputSink
 from forgelm_tui.plan import Plan, RunInfo
 from forgelm_tui.verdict import RankEnding, StopFacts, Verdict, decide, prelaunch_failure
+
+if TYPE_CHECKING:
+    from forgelm_tui.cluster.node import NodeRun
 
 
 class RunReport:
@@ -40,11 +43,13 @@ class RunReport:
         sup = self.supervisor
         if sup.launch_error is not None:
             return prelaunch_failure()
-        stop = StopFacts(sup.stop.kind, sup.stop.signal) if sup.stop else None
+        stop = sup.stop
+        facts = (StopFacts(stop.kind, stop.signal, stop.origin_rank, stop.lost_node)
+                 if stop else None)
         endings = [r.ending() for r in sup.records.values() if r.pid is not None]
-        if not endings and sup.stop is not None:  # cancelled before any rank started
-            endings = [RankEnding(0, None, sup.stop.signal, 0.0, signalled_first=True)]
-        return decide(endings, stop, self.plan.contract)
+        if not endings and stop is not None:  # cancelled before any rank started
+            endings = [RankEnding(0, None, stop.signal, 0.0, signalled_first=True)]
+        return decide(endings, facts, self.plan.contract)
 
     def _results(self) -> dict[int, dict[str, Any]]:
         if not self.plan.forgelm_mode:
@@ -103,9 +108,19 @@ class Session:
 
     def __init__(self, plan: Plan, guardian: Guardian | None = None) -> None:
         self.plan = plan
-        self.supervisor = Supervisor(plan.spec, guardian=guardian)
+        self.node: NodeRun | None = None
+        peers = None
+        if plan.cluster is not None:  # multi-node: torch's TCPStore, imported only then
+            from forgelm_tui.cluster.link import LinkPeers
+
+            peers = LinkPeers()
+        self.supervisor = Supervisor(plan.spec, guardian=guardian, peers=peers)
         self.report = RunReport(plan, supervisor=self.supervisor)
         self.supervisor.subscribe(self.report.on_event)
+        if peers is not None:
+            from forgelm_tui.cluster.node import NodeRun
+
+            self.node = NodeRun(self, peers)
 
     @property
     def ending(self) -> RunEnding | None:
@@ -155,6 +170,12 @@ class Session:
 
     async def run(self) -> RunEnding:
         await self.supervisor.run()
+        return await self.finish()
+
+    async def finish(self) -> RunEnding:
+        """The verdict and the envelope, once every rank (on every node) has ended."""
+        if self.node is not None:
+            return await self.node.finish()
         return self.report.final()
 
 
@@ -163,7 +184,7 @@ async def _run_then_ignore_signals(session: Session) -> RunEnding:
         await session.supervisor.run()
     finally:
         ignore_stop_signals()  # the ranks are gone: nothing may cut the envelope short now
-    return session.report.final()
+    return await session.finish()
 
 
 def execute(plan: Plan) -> int:

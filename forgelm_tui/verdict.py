@@ -58,6 +58,7 @@ class StopKind(StrEnum):
     DRAIN = "drain"  # rank 0 ended with an outcome, the others outlived the drain window
     STALL = "stall"  # no rank showed progress for the stall timeout
     FORWARDED = "forwarded"  # a rank died of a signal forwarded to it (SIGUSR1, no handler)
+    NODE_LOST = "node_lost"  # another node's supervisor went silent (multi-node, SPEC §8)
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,10 @@ class StopFacts:
 
     kind: StopKind
     signal: int | None = None  # the signal that caused a cancel (SIGINT for the operator)
+    # Multi-node: the rank whose failure began the agreed stop (the first writer of the stop
+    # record). Ranks of different machines are never ordered by their clocks: this decides.
+    origin_rank: int | None = None
+    lost_node: int | None = None  # the node a node_lost stop names
 
 
 @dataclass(frozen=True)
@@ -154,10 +159,15 @@ def decide(
     contract: Contract = Contract.FORGELM,
 ) -> Verdict:
     """Resolve the run's true exit code from every rank's outcome (SPEC §5, rules 2-4)."""
-    if not outcomes:
-        return prelaunch_failure()
     failures = sorted((o for o in outcomes if o.failed_on_own),
                       key=lambda o: (o.ended_mono, o.rank))
+    if stop is not None and stop.origin_rank is not None:
+        failures.sort(key=lambda o: o.rank != stop.origin_rank)  # stable: the origin first
+    if stop is not None and stop.kind is StopKind.NODE_LOST and not failures:
+        return _make(EXIT_TRAINING_ERROR, 2, f"root cause: node {stop.lost_node} was lost "
+                     "(its supervisor went silent)", None)
+    if not outcomes:
+        return prelaunch_failure()
     if failures:
         root = failures[0]
         how = f"signal {signal_name(root.signal)}" if root.signal else f"exit {root.exit_code}"

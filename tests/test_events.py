@@ -50,6 +50,8 @@ EXAMPLES: list[Any] = [
     ev.RankReportedStop(1, "SIGTERM", True, None),
     ev.RunFinished(5.0),
     ev.VerdictReached(VERDICT, "/runs/r1/envelope.json"),
+    ev.RunEscalated("second cancel by operator: kill now", 4.5),
+    ev.NodeChanged(1, "gpu-node-7", ev.NodeState.RUNNING, (RANK,), 4.75),
     ev.RunSnapshot("r1", 2, ("python",), "/runs/r1", 1.0, (RANK,), STOPPING, None,
                    ev.VerdictReached(VERDICT, None)),
 ]

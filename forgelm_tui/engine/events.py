@@ -187,6 +187,14 @@ class RunStopping:
 
 
 @dataclass(frozen=True)
+class RunEscalated:
+    """A second cancel or a kill-now: every live rank gets SIGKILL at once (on every node)."""
+
+    reason: str
+    at: float
+
+
+@dataclass(frozen=True)
 class StopCountdown:
     """Sent about once a second while a stop waits for ranks to end."""
 
@@ -283,6 +291,27 @@ class RunSnapshot:
     verdict: VerdictReached | None = None
 
 
+class NodeState(StrEnum):
+    """A node of a multi-node run, as every node sees it (SPEC §8)."""
+
+    JOINING = "joining"
+    RUNNING = "running"
+    DONE = "done"  # its ranks are over and it published their records
+    LOST = "lost"  # its supervisor went silent past the node timeout
+
+
+@dataclass(frozen=True)
+class NodeChanged:
+    """A node's state, and another node's ranks as it last reported them (at least once a
+    second while they change): how remote ranks reach every view on every node."""
+
+    node_rank: int
+    host: str
+    state: NodeState
+    ranks: tuple[RankSnapshot, ...]
+    at: float
+
+
 Event = (
     RunStarted
     | RankStarted
@@ -292,6 +321,7 @@ Event = (
     | RankSignalled
     | RankExited
     | RunStopping
+    | RunEscalated
     | StopCountdown
     | RunStalled
     | SignalForwarded
@@ -299,5 +329,6 @@ Event = (
     | RankReportedStop
     | RunFinished
     | VerdictReached
+    | NodeChanged
 )
 EVENT_TYPES: tuple[type, ...] = Event.__args__

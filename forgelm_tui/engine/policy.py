@@ -27,11 +27,29 @@ from forgelm_tui.verdict import StopKind
 
 Clock = Callable[[], float]
 HANG_UP = "hang-up"  # the cause of a SIGHUP and of a lost terminal
+OUTSIDE_SIGNAL = "outside signal"  # a node's first SIGINT/SIGTERM: maybe sent to every node
 
 
 class Timers(Protocol):
     def start(self, name: str, delay: float, callback: Callable[[], None]) -> None: ...
     def cancel(self, name: str) -> None: ...
+
+
+class Peers(Protocol):
+    """Ranks on other nodes, as far as this node's policy needs them (SPEC §8)."""
+
+    def live(self) -> bool: ...  # some other node still has ranks running (or is joining)
+    def progress_age(self, now: float) -> float | None: ...  # youngest progress among them
+
+
+class NoPeers:
+    """A single-node run."""
+
+    def live(self) -> bool:
+        return False
+
+    def progress_age(self, now: float) -> float | None:
+        return None
 
 
 class StopEffects(Protocol):
@@ -49,18 +67,20 @@ class PolicySettings:
     drain: float = 60.0
     stall_timeout: float | None = None
     quiet_after: float = 10.0
+    node_rank: int = 0
 
 
 class StopPolicy:
     def __init__(self, records: Mapping[int, RankRecord], settings: PolicySettings,
                  effects: StopEffects, timers: Timers, clock: Clock = time.monotonic,
-                 wall: Clock = time.time) -> None:
+                 wall: Clock = time.time, peers: Peers | None = None) -> None:
         self.records = records
         self.settings = settings
         self.effects = effects
         self.timers = timers
         self.clock = clock
         self.wall = wall
+        self.peers: Peers = peers or NoPeers()
         self.stop: StopRecord | None = None
         self.cancels: list[CancelRequest] = []
         self._causes: set[str] = set()
@@ -80,8 +100,9 @@ class StopPolicy:
         elif record.ending().failed_on_own:
             how = (f"killed by {signal_name(record.signal)}" if record.signal is not None
                    else f"exit {record.exit_code}")
-            self.begin(StopKind.FAILURE, f"rank {record.rank} failed ({how})", "failure")
-        elif record.rank == 0 and self.live():
+            self.begin(StopKind.FAILURE, f"rank {record.rank} failed ({how})", "failure",
+                       origin_rank=record.rank)
+        elif record.rank == 0 and (self.live() or self.peers.live()):
             self.timers.start("drain", self.settings.drain, self._drain_ended)
 
     def launch_failed(self, message: str) -> None:
@@ -99,7 +120,9 @@ class StopPolicy:
                 self.effects.rank_changed(record)
         if timeout is None or self.stop is not None or not live:
             return
-        if min(now - (r.last_progress_mono or now) for r in live) < timeout:
+        ages = [now - (r.last_progress_mono or now) for r in live]
+        peer_age = self.peers.progress_age(now)  # a rank on another node progressing: no stall
+        if min(ages + ([] if peer_age is None else [peer_age])) < timeout:
             return
         for record in live:
             record.stalled = True
@@ -125,25 +148,44 @@ class StopPolicy:
             self._causes.add(cause)
         self.cancels.append(CancelRequest(source, origin, sig, self.wall(), effect))
         if effect == "stop":
-            self.begin(StopKind.CANCEL, f"cancelled by {origin}", origin, sig)
+            self.begin(StopKind.CANCEL, f"cancelled by {origin}", origin, sig,
+                       source=source.value)
         elif effect == "kill":
-            self.kill_pass(f"second cancel by {origin}: kill now")
+            self.escalate(f"second cancel by {origin}: kill now")
         return effect
+
+    def note_cause(self, cause: str) -> None:
+        """A cause already acted on elsewhere (another node): seeing it here adds nothing."""
+        self._causes.add(cause)
 
     def kill_now(self, source: CancelSource, origin: str) -> None:
         """SIGKILL every live rank now (starting a stop first when none is under way)."""
         if self.stop is None:
             self.cancels.append(CancelRequest(source, origin, signal.SIGKILL, self.wall(), "kill"))
-            self.begin(StopKind.CANCEL, f"killed by {origin}", origin, signal.SIGKILL)
-        self.kill_pass(f"kill now by {origin}")
+            self.begin(StopKind.CANCEL, f"killed by {origin}", origin, signal.SIGKILL,
+                       source=source.value)
+        self.escalate(f"kill now by {origin}")
+
+    def escalate(self, reason: str) -> None:
+        """A person's kill: SIGKILL now, and tell every view (and other nodes) so."""
+        self.kill_pass(reason)
+        self.effects.emit(ev.RunEscalated(reason, self.wall()))
 
     # ------------------------------------------------------------------ the stop
 
-    def begin(self, kind: StopKind, reason: str, origin: str, sig: int | None = None) -> None:
+    def begin(self, kind: StopKind, reason: str, origin: str, sig: int | None = None, *,
+              grace: float | None = None, origin_rank: int | None = None,
+              origin_node: int | None = None, lost_node: int | None = None,
+              source: str | None = None) -> None:
+        """Stop every live rank: SIGTERM in one pass, SIGKILL at the grace deadline. Another
+        node's stop record arrives here too, with its grace and origin (SPEC §8)."""
         if self.stop is not None:
             return
-        grace = self.settings.grace
-        self.stop = StopRecord(kind, reason, origin, sig, self.wall(), self.clock() + grace)
+        grace = self.settings.grace if grace is None else grace
+        node = self.settings.node_rank if origin_node is None else origin_node
+        self.stop = StopRecord(kind, reason, origin, sig, self.wall(), self.clock() + grace,
+                               grace=grace, origin_rank=origin_rank, origin_node=node,
+                               lost_node=lost_node, source=source)
         self.timers.cancel("drain")
         live = self.live()
         self.effects.signal_ranks(live, signal.SIGTERM, Purpose.STOP, reason)
@@ -166,7 +208,7 @@ class StopPolicy:
         return max(0.0, self.stop.deadline_mono - self.clock())
 
     def _drain_ended(self) -> None:
-        if self.live() and self.stop is None:
+        if (self.live() or self.peers.live()) and self.stop is None:
             reason = f"drain window of {self.settings.drain:g} s ended after rank 0 finished"
             self.begin(StopKind.DRAIN, reason, "drain")
 

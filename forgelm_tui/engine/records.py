@@ -156,3 +156,8 @@ class StopRecord:
     at: float
     deadline_mono: float
     killed_at: float | None = None  # when the SIGKILL pass ran, if it did
+    grace: float = 30.0
+    origin_rank: int | None = None  # the rank whose failure began it
+    origin_node: int = 0  # the node where it began (multi-node: another node's record)
+    lost_node: int | None = None  # a node_lost stop: which node
+    source: str | None = None  # a cancel's CancelSource value

@@ -12,7 +12,7 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 
 from forgelm_tui.channel import CHANNEL_ENV, Message
 from forgelm_tui.engine import events as ev
@@ -20,7 +20,7 @@ from forgelm_tui.engine.channel import ChannelServer
 from forgelm_tui.engine.events import Purpose, RankState
 from forgelm_tui.engine.guardian import Guardian
 from forgelm_tui.engine.output import OutputDrain
-from forgelm_tui.engine.policy import HANG_UP, PolicySettings, StopPolicy
+from forgelm_tui.engine.policy import HANG_UP, OUTSIDE_SIGNAL, Peers, PolicySettings, StopPolicy
 from forgelm_tui.engine.processes import RankProcesses
 from forgelm_tui.engine.progress import ProgressReader
 from forgelm_tui.engine.records import CancelRequest, CancelSource, RankRecord, StopRecord
@@ -39,7 +39,7 @@ class Supervisor:
     """Runs one node's ranks from a :class:`LaunchSpec` until every rank has ended."""
 
     def __init__(self, spec: LaunchSpec, *, guardian: Guardian | None = None,
-                 base_env: Mapping[str, str] | None = None) -> None:
+                 base_env: Mapping[str, str] | None = None, peers: Peers | None = None) -> None:
         self.spec = spec
         self.records = {spec.global_rank(local): _record(spec, local)
                         for local in range(spec.nproc_per_node)}
@@ -52,9 +52,17 @@ class Supervisor:
         self._held: list[ev.Event] | None = None
         self._shown: dict[int, RankState] = {r: RankState.STARTING for r in self.records}
         self._timers = LoopTimers()
-        self._policy = StopPolicy(self.records, _settings(spec), self, self._timers)
+        self._policy = StopPolicy(self.records, _settings(spec), self, self._timers, peers=peers)
+        self._peers = self._policy.peers
         self._launched = False
+        self._ranks_gone = False
+        self._local_done = False
         self._finishing = False
+        self._signal_seen = False
+        # Multi-node (SPEC §8): awaited before any rank starts (the join), and told when this
+        # node's own ranks are over (the node publishes its records) while other nodes run on.
+        self.before_launch: Callable[[], Awaitable[None]] | None = None
+        self.local_done: Callable[[], None] = lambda: None
         # A view that knows the terminal may name what a SIGHUP stood for (a closed terminal).
         self.hangup_origin: Callable[[], tuple[CancelSource, str] | None] = lambda: None
 
@@ -124,6 +132,8 @@ class Supervisor:
         try:
             if handle_signals:
                 self._install_signal_handlers(loop)
+            if self.before_launch is not None and self.stop is None:
+                await self.before_launch()
             self.emit(ev.RunStarted(self.spec.run_id, self.spec.world_size, self.spec.argv,
                                     str(self.spec.run_dir), self.started_at))
             self._spawn_all(channel)
@@ -140,6 +150,22 @@ class Supervisor:
                 channel.close()
             self.ended_at = time.time()
         self.emit(ev.RunFinished(self.ended_at))
+
+    def adopt(self, spec: LaunchSpec) -> None:
+        """Before the launch only: the spec as the join settled it (run id, node rank, ports,
+        run dir). The records are rebuilt in place: the policy holds the same mapping."""
+        assert not self._launched
+        self.spec = spec
+        self.records.clear()
+        self.records.update({spec.global_rank(local): _record(spec, local)
+                             for local in range(spec.nproc_per_node)})
+        self._shown = {r: RankState.STARTING for r in self.records}
+
+    def refuse_launch(self, message: str) -> None:
+        """The run cannot start (a join refused): no rank is started, the verdict is 1."""
+        self.launch_error = message
+        with self._signals_first():
+            self._policy.launch_failed(message)
 
     def _spawn_all(self, channel: ChannelServer | None) -> None:
         self._launched = True
@@ -220,6 +246,23 @@ class Supervisor:
         with self._signals_first():
             self._policy.kill_now(source, origin)
 
+    def apply_stop(self, stop: StopRecord, *, ranks_started: bool = True) -> None:
+        """Another node's stop record (or a lost node): stop this node's ranks the same way,
+        with the record's grace. A cancel that came from a signal (a scheduler signalling
+        every node's supervisor at once) makes this node's first such signal the same cause."""
+        if stop.source == CancelSource.SIGNAL.value:
+            self._policy.note_cause(OUTSIDE_SIGNAL)
+        with self._signals_first():
+            self._policy.begin(stop.kind, stop.reason, stop.origin, stop.signal, grace=stop.grace,
+                               origin_rank=stop.origin_rank, origin_node=stop.origin_node,
+                               lost_node=stop.lost_node, source=stop.source)
+        self._check_finished()
+
+    def apply_kill(self, reason: str) -> None:
+        """Another node escalated (a second cancel there): SIGKILL here too."""
+        with self._signals_first():
+            self._policy.kill_pass(reason)
+
     def forward(self, sig: int) -> None:
         """Pass a signal to every live rank's main process without stopping anything."""
         reason = f"{signal_name(sig)} forwarded from the supervisor"
@@ -248,15 +291,31 @@ class Supervisor:
     # ----------------------------------------------------------------- the end
 
     def _check_finished(self) -> None:
-        if self._finishing or self._policy.live():
+        if self._finishing or not self._launched or self._policy.live():
             return
-        if not self._launched:
+        if not self._ranks_gone:
+            self._ranks_gone = True
+            self._cleanup_groups()
+            if self._drain.open:  # every rank ended; stragglers of their groups may hold pipes
+                self._timers.start("eof", PIPE_EOF_WAIT, self._drained)
+                return
+        elif self._drain.open and not self._local_done:
             return
-        self._cleanup_groups()
-        if self._drain.open:  # every rank ended; stragglers of their groups may hold the pipes
-            self._timers.start("eof", PIPE_EOF_WAIT, self._finish)
-        else:
+        self._drained()
+
+    def _drained(self) -> None:
+        """This node's ranks are over and their output read; the run ends when every node's
+        are (other nodes keep this loop, the policy and the signal handlers alive)."""
+        if not self._local_done:
+            self._local_done = True
+            self._timers.cancel("eof")
+            self.local_done()
+        if not self._peers.live():
             self._finish()
+
+    def peers_changed(self) -> None:
+        """Another node's ranks ended or a node was lost: maybe the run is over."""
+        self._check_finished()
 
     def _cleanup_groups(self) -> None:
         reason = "processes left in the rank's group after it ended"
@@ -286,6 +345,9 @@ class Supervisor:
             loop.add_signal_handler(sig, self.forward, sig)
 
     def _signalled(self, sig: int, cause: str | None) -> None:
+        if cause is None and not self._signal_seen:
+            cause = OUTSIDE_SIGNAL  # the first signal here may be one a scheduler sent everywhere
+        self._signal_seen = self._signal_seen or cause == OUTSIDE_SIGNAL
         named = self.hangup_origin() if sig == signal.SIGHUP else None
         source, origin = named or (CancelSource.SIGNAL, f"{signal_name(sig)} to the supervisor")
         self.request_cancel(origin, sig, source=source, cause=cause)
@@ -305,4 +367,4 @@ def _record(spec: LaunchSpec, local_rank: int) -> RankRecord:
 
 def _settings(spec: LaunchSpec) -> PolicySettings:
     return PolicySettings(grace=spec.grace, drain=spec.drain, stall_timeout=spec.stall_timeout,
-                          quiet_after=spec.quiet_after)
+                          quiet_after=spec.quiet_after, node_rank=spec.node_rank)

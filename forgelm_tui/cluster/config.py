@@ -1,0 +1,119 @@
+"""The multi-node part of the command line (torchrun's spellings) or of an srun step, checked
+before anything starts. Pure: the argparse namespace and the environment in, a config out."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+
+from forgelm_tui.cluster.join import ClusterConfig
+from forgelm_tui.cluster.slurm import SlurmError, default_port, in_srun_step, read_step
+from forgelm_tui.options import UsageError
+
+CONTROL_PORT_OFFSET = 1  # the control store: MASTER_PORT + 1 unless --rdzv-endpoint gives one
+
+
+def parse_nnodes(text: str) -> int:
+    low, sep, high = text.partition(":")
+    try:
+        lo, hi = int(low), int(high) if sep else int(low)
+    except ValueError:
+        raise UsageError(f"--nnodes must be N or N:N, got {text!r}") from None
+    if lo != hi:
+        raise UsageError(f"--nnodes {text}: elastic ranges are not supported; give a fixed "
+                         "count (N or N:N)")
+    if lo < 1:
+        raise UsageError(f"--nnodes must be at least 1, got {lo}")
+    return lo
+
+
+def _port(text: str, what: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise UsageError(f"{what} must be a number, got {text!r}") from None
+    if not 0 < port < 65535:
+        raise UsageError(f"{what} must be 1..65534, got {port}")
+    return port
+
+
+def _endpoint(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host:
+        raise UsageError(f"--rdzv-endpoint must be HOST:PORT, got {text!r}")
+    return host.strip("[]"), _port(port, "--rdzv-endpoint's port")
+
+
+def uses_slurm(ns: argparse.Namespace, env: Mapping[str, str]) -> bool:
+    """Inside an srun step with none of the multi-node flags given: SLURM configures it."""
+    flags = (ns.node_rank, ns.master_addr, ns.rdzv_endpoint)
+    return in_srun_step(env) and ns.nnodes is None and all(f is None for f in flags)
+
+
+def cluster_config(ns: argparse.Namespace, nproc: int, run_id: str,
+                   env: Mapping[str, str]) -> ClusterConfig | None:
+    """None for a single-node run; the checked multi-node config otherwise."""
+    if uses_slurm(ns, env):
+        return _from_slurm(ns, nproc, run_id, env)
+    nnodes = parse_nnodes(ns.nnodes or "1")
+    node_rank = None if ns.node_rank is None else _node_rank(ns.node_rank, nnodes)
+    if nnodes == 1:
+        if node_rank not in (None, 0):
+            raise UsageError(f"--node-rank {node_rank} with one node: use 0")
+        return None
+    backend = ns.rdzv_backend or "static"
+    if backend not in ("static", "c10d"):
+        raise UsageError(f"--rdzv-backend {backend}: use static or c10d")
+    if node_rank is None and backend == "static":
+        raise UsageError("--node-rank is required with --nnodes > 1 (or --rdzv-backend c10d, "
+                         "which numbers nodes in the order they join)")
+    if ns.rdzv_endpoint:
+        store_host, store_port = _endpoint(ns.rdzv_endpoint)
+        master_addr = ns.master_addr or store_host
+        master_port = _port(ns.master_port, "--master-port") if ns.master_port else store_port + 1
+    else:
+        if ns.master_addr is None or ns.master_port is None:
+            raise UsageError("--nnodes > 1 needs --master-addr and --master-port (node 0's "
+                             "address, as torchrun's static rendezvous), or --rdzv-endpoint")
+        master_addr, master_port = ns.master_addr, _port(ns.master_port, "--master-port")
+        store_host, store_port = master_addr, master_port + CONTROL_PORT_OFFSET
+    return ClusterConfig(
+        nnodes=nnodes, node_rank=node_rank, store_host=store_host, store_port=store_port,
+        master_addr=master_addr, master_port=master_port, run_id=ns.rdzv_id or run_id,
+        run_id_fixed=bool(ns.rdzv_id), nproc=nproc, join_timeout=_positive(ns.join_timeout,
+        "--join-timeout"), node_timeout=_positive(ns.node_timeout, "--node-timeout"),
+        backend=backend)
+
+
+def _from_slurm(ns: argparse.Namespace, nproc: int, run_id: str,
+                env: Mapping[str, str]) -> ClusterConfig | None:
+    try:
+        step = read_step(env)
+    except SlurmError as exc:
+        raise UsageError(str(exc)) from None
+    if step.nnodes == 1:
+        return None
+    port = (_port(ns.master_port, "--master-port") if ns.master_port
+            else default_port(step.job_id))
+    return ClusterConfig(
+        nnodes=step.nnodes, node_rank=step.node_rank, store_host=step.master_addr,
+        store_port=port + CONTROL_PORT_OFFSET, master_addr=step.master_addr, master_port=port,
+        run_id=ns.rdzv_id or step.run_id, run_id_fixed=True, nproc=nproc,
+        join_timeout=_positive(ns.join_timeout, "--join-timeout"),
+        node_timeout=_positive(ns.node_timeout, "--node-timeout"), source="slurm")
+
+
+def _node_rank(text: str, nnodes: int) -> int:
+    try:
+        rank = int(text)
+    except ValueError:
+        raise UsageError(f"--node-rank must be a whole number, got {text!r}") from None
+    if not 0 <= rank < nnodes:
+        raise UsageError(f"--node-rank {rank} is outside 0..{nnodes - 1} (--nnodes {nnodes})")
+    return rank
+
+
+def _positive(value: float, what: str) -> float:
+    if value <= 0:
+        raise UsageError(f"{what} must be more than 0 seconds")
+    return float(value)

@@ -1,0 +1,222 @@
+"""Who is in the run: node 0 hosts the control store, every node registers, ranks start when
+all have joined (SPEC §8). Runs in a worker thread; blocking calls are bounded by the join
+deadline and checked against a cancel flag, so Ctrl+C during a join is never ignored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+from forgelm_tui import __version__
+from forgelm_tui.cluster.store import ControlStore, PortTaken, StoreLost, StoreTimeout
+
+POLL = 0.05
+CONNECT_TRY = 2.0  # one connection attempt; repeated until the join deadline
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """This node's multi-node settings, as the command line, SLURM or defaults gave them."""
+
+    nnodes: int
+    node_rank: int | None  # None: from the order of joining (c10d without --node-rank)
+    store_host: str
+    store_port: int
+    master_addr: str
+    master_port: int | None  # None: node 0 picks a free one and publishes it (c10d)
+    run_id: str  # this node's proposal; node 0's is adopted unless fixed
+    run_id_fixed: bool  # --rdzv-id or SLURM's job and step: every node already agrees
+    nproc: int
+    join_timeout: float = 300.0
+    node_timeout: float = 10.0
+    backend: str = "static"
+    source: str = "flags"  # flags | slurm
+    version: str = __version__
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    node_rank: int
+    host: str
+    pid: int
+    nproc: int
+    version: str
+
+
+@dataclass(frozen=True)
+class Membership:
+    """The outcome of a join: the run every node agreed on."""
+
+    run_id: str
+    node_rank: int
+    nnodes: int
+    master_addr: str
+    master_port: int
+    nodes: tuple[NodeInfo, ...]
+    hosting: bool  # this node hosts the control store (node 0)
+
+
+class JoinRefused(Exception):
+    """The run cannot start; the message names why (published so every node says the same).
+    ``stop``: a node was cancelled while joining; its stop record, for every node to apply."""
+
+    def __init__(self, message: str, stop: dict | None = None) -> None:
+        super().__init__(message)
+        self.stop = stop
+
+
+class JoinCancelled(Exception):
+    """This node was asked to stop while joining."""
+
+
+class Joiner:
+    def __init__(self, config: ClusterConfig, cancelled: Callable[[], bool],
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.cancelled = cancelled
+        self.clock = clock
+        self.deadline = clock() + config.join_timeout
+        self.store: ControlStore | None = None  # node 0's is the server as well
+        self.hosting = False
+
+    def join(self) -> Membership:
+        cfg = self.config
+        store = self._open()
+        run = self._run_record(store)
+        store.scoped(run["run_id"])
+        node_rank = cfg.node_rank
+        if node_rank is None:
+            node_rank = 0 if self.hosting else store.add("join-order", 1)
+        if not 0 <= node_rank < cfg.nnodes:
+            self._refuse(store, f"node rank {node_rank} is outside --nnodes {cfg.nnodes} "
+                         "(more nodes joined than the run has)")
+        me = NodeInfo(node_rank, socket.gethostname(), os.getpid(), cfg.nproc, cfg.version)
+        held = store.first(f"node/{node_rank}", asdict(me))
+        if held != asdict(me):
+            self._refuse(store, f"node rank {node_rank} joined twice: {held['host']} pid "
+                         f"{held['pid']} and {me.host} pid {me.pid}")
+        if run["version"] != cfg.version:
+            self._refuse(store, f"node {node_rank} runs forgelm-tui {cfg.version}, node 0 runs "
+                         f"{run['version']}: every node must run the same version")
+        store.set(f"beat/{node_rank}", {"seq": 0, "phase": "joining"})
+        nodes = self._wait_for_all(store)
+        return Membership(run["run_id"], node_rank, cfg.nnodes, run["master_addr"],
+                          run["master_port"], nodes, self.hosting)
+
+    # ------------------------------------------------------------------ steps
+
+    def _open(self) -> ControlStore:
+        cfg = self.config
+        if cfg.node_rank in (0, None) and (cfg.node_rank == 0 or _is_local(cfg.store_host)):
+            try:
+                self.store = ControlStore.host(cfg.store_port, cfg.node_timeout)
+                self.hosting = True
+                return self.store
+            except PortTaken as exc:
+                if cfg.node_rank == 0:
+                    raise JoinRefused(f"{exc} (the control store listens at --rdzv-endpoint's "
+                                      "port, else --master-port + 1)") from None
+        while True:
+            self._check_time(f"the control store at {cfg.store_host}:{cfg.store_port} "
+                             "never answered (is node 0 started?)")
+            try:
+                self.store = ControlStore.connect(cfg.store_host, cfg.store_port,
+                                                  min(CONNECT_TRY, self._left()))
+                return self.store
+            except (StoreLost, StoreTimeout):
+                time.sleep(POLL)
+
+    def _run_record(self, store: ControlStore) -> dict:
+        cfg = self.config
+        if self.hosting:
+            run = {"run_id": cfg.run_id, "nnodes": cfg.nnodes, "version": cfg.version,
+                   "master_addr": cfg.master_addr,
+                   "master_port": cfg.master_port or _free_port(),
+                   "fixed": cfg.run_id_fixed}
+            store.set("run", run)
+            return run
+        while not store.has(["run"]):
+            self._check_time("node 0 never published the run")
+            time.sleep(POLL)
+        run = dict(store.get("run"))
+        if run["nnodes"] != cfg.nnodes:
+            store.scoped(run["run_id"])
+            self._refuse(store, f"--nnodes differs: node 0 has {run['nnodes']}, this node "
+                         f"{cfg.nnodes}")
+        if cfg.run_id_fixed and run["run_id"] != cfg.run_id:
+            store.scoped(run["run_id"])
+            self._refuse(store, f"run id differs: node 0 runs {run['run_id']!r}, this node "
+                         f"was given {cfg.run_id!r}")
+        return run
+
+    def _wait_for_all(self, store: ControlStore) -> tuple[NodeInfo, ...]:
+        names = [f"node/{n}" for n in range(self.config.nnodes)]
+        while True:
+            if store.has(["abort"]):
+                abort = store.get("abort")
+                raise JoinRefused(abort["message"], abort.get("stop"))
+            if store.has(names):
+                return tuple(NodeInfo(**v) for v in store.many(names))
+            if self.cancelled():
+                raise JoinCancelled()
+            if self.clock() >= self.deadline:
+                missing = [n for n in range(self.config.nnodes) if not store.has([f"node/{n}"])]
+                self._refuse(store, f"node{'s' if len(missing) > 1 else ''} "
+                             f"{', '.join(map(str, missing))} never joined within the join "
+                             f"timeout of {self.config.join_timeout:g} s")
+            time.sleep(POLL)
+
+    # ------------------------------------------------------------------ failing
+
+    def _refuse(self, store: ControlStore, message: str) -> None:
+        """Publish why the run cannot start (the first reason wins) and refuse with it."""
+        stop = None
+        try:
+            held = store.first("abort", {"message": message})
+            message, stop = held["message"], held.get("stop")
+        except (StoreLost, StoreTimeout):
+            pass
+        raise JoinRefused(message, stop)
+
+    def abandon(self, message: str, stop: dict) -> None:
+        """This node was cancelled while joining: every node stops the same way."""
+        if self.store is not None:
+            with contextlib.suppress(StoreLost, StoreTimeout):
+                self.store.first("abort", {"message": message, "stop": stop})
+
+    def _check_time(self, message: str) -> None:
+        if self.cancelled():
+            raise JoinCancelled()
+        if self.clock() >= self.deadline:
+            raise JoinRefused(f"{message}: join timeout of {self.config.join_timeout:g} s")
+
+    def _left(self) -> float:
+        return max(0.1, self.deadline - self.clock())
+
+
+def _is_local(host: str) -> bool:
+    """The address is this machine's: binding to it works."""
+    try:
+        infos = socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)
+    except OSError:
+        return False
+    for *_, sockaddr in infos:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((sockaddr[0], 0))
+                return True
+            except OSError:
+                continue
+    return False
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        port: int = sock.getsockname()[1]
+        return port

@@ -1,0 +1,222 @@
+"""A Session's multi-node part: join before the launch, the link while the run lasts, one
+agreed verdict at the end (SPEC §8). The single-node path never imports this module."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import os
+import socket
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from forgelm_tui import envelope as env_mod
+from forgelm_tui.cluster import agreement
+from forgelm_tui.cluster.join import JoinCancelled, Joiner, JoinRefused, Membership
+from forgelm_tui.cluster.link import LinkPeers, NodeLink
+from forgelm_tui.cluster.store import ControlStore, StoreLost, StoreTimeout
+from forgelm_tui.cluster.wire import ending_to_wire, stop_from_wire, stop_to_wire
+from forgelm_tui.ending import RunEnding
+from forgelm_tui.engine import events as ev
+from forgelm_tui.engine.codec import to_wire
+from forgelm_tui.engine.events import NodeState
+
+if TYPE_CHECKING:
+    from forgelm_tui.run import Session
+
+ACK_WAIT = 5.0  # node 0 waits this long for the others to have read the verdict
+
+
+class NodeRun:
+    def __init__(self, session: Session, peers: LinkPeers) -> None:
+        assert session.plan.cluster is not None
+        self.session = session
+        self.config = session.plan.cluster
+        self.peers = peers
+        self.sup = session.supervisor
+        self.sup.before_launch = self.join
+        self.sup.local_done = self.local_done
+        self.joiner: Joiner | None = None
+        self.membership: Membership | None = None
+        self.link: NodeLink | None = None
+        self.own_final: dict[str, Any] | None = None
+
+    # ------------------------------------------------------------------ before the launch
+
+    async def join(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.joiner = joiner = Joiner(self.config, lambda: self.sup.stop is not None)
+        try:
+            membership = await loop.run_in_executor(None, joiner.join)
+        except JoinRefused as exc:
+            if exc.stop is not None:  # another node was cancelled while joining
+                self.sup.apply_stop(stop_from_wire(exc.stop))
+            else:
+                self.sup.refuse_launch(str(exc))
+            return
+        except JoinCancelled:
+            stop = self.sup.stop
+            assert stop is not None
+            message = f"cancelled on a node while joining ({stop.origin})"
+            await loop.run_in_executor(None, joiner.abandon, message, stop_to_wire(stop))
+            return
+        except (StoreLost, StoreTimeout) as exc:
+            self.sup.refuse_launch(f"control store: {exc}")
+            return
+        error = self._adopt(membership)
+        if error is not None:
+            self.sup.refuse_launch(error)
+            return
+        self.membership = membership
+        assert joiner.store is not None
+        self.link = NodeLink(self.sup, membership, self.config, joiner.store, self.peers)
+        self.link.start(loop)
+
+    def _adopt(self, membership: Membership) -> str | None:
+        """The plan as the join settled it: run id, node rank, master address, run dir."""
+        session, plan = self.session, self.session.plan
+        root = plan.cluster_root or Path("forgelm-tui-runs").absolute() / membership.run_id
+        run_dir = root / f"node-{membership.node_rank}"
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            return f"--run-dir {run_dir}: cannot create ({exc.strerror})"
+        spec = dataclasses.replace(
+            plan.spec, run_id=membership.run_id, run_dir=run_dir,
+            node_rank=membership.node_rank, nnodes=membership.nnodes,
+            master_addr=membership.master_addr, master_port=membership.master_port)
+        self.sup.adopt(spec)
+        info = plan.info
+        info.run_id, info.run_dir, info.node_rank = membership.run_id, str(run_dir), spec.node_rank
+        info.master_addr, info.master_port = spec.master_addr, spec.master_port
+        info.world_size, info.nnodes = spec.world_size, spec.nnodes
+        paths = [run_dir / "envelope.json", *plan.envelope_paths[1:]]
+        session.plan = plan = dataclasses.replace(plan, spec=spec, envelope_paths=paths)
+        session.report.plan = plan
+        return None
+
+    # ------------------------------------------------------------------ this node's ranks over
+
+    def local_done(self) -> None:
+        """Every rank here ended: publish their records for node 0's verdict."""
+        report, sup = self.session.report, self.sup
+        sup.ended_at = time.time()
+        envelope = report._build(provisional=False)
+        view = ev.NodeChanged(self.session.plan.spec.node_rank, socket.gethostname(),
+                              NodeState.DONE, tuple(r.snapshot() for r in sup.records.values()),
+                              time.time())
+        self.own_final = {
+            "envelope": envelope, "host": socket.gethostname(), "pid": os.getpid(),
+            "endings": [ending_to_wire(r.ending()) for r in sup.records.values()
+                        if r.pid is not None],
+            "launch_error": sup.launch_error, "view": to_wire(view)}
+        if self.link is not None:
+            self.link.publish_final(self.own_final)
+
+    # ------------------------------------------------------------------ the verdict
+
+    async def finish(self) -> RunEnding:
+        report = self.session.report
+        if self.link is None or self.membership is None:
+            return report.final()  # never joined (refused or cancelled): decided alone
+        try:
+            if self.membership.node_rank == 0:
+                ending = await self._decide_and_publish()
+            else:
+                ending = await self._await_verdict()
+        finally:
+            self.link.close()
+        return ending
+
+    async def _decide_and_publish(self) -> RunEnding:
+        link, loop = self._link(), asyncio.get_running_loop()
+        assert self.own_final is not None
+        finals = {0: self.own_final, **link.finals}
+        lost = sorted(n for n, p in link.liveness.peers.items() if p.state is NodeState.LOST)
+        store = link.store
+        stop = await loop.run_in_executor(None, _agreed_stop, store)
+        verdict = agreement.decide_global(finals, stop, self.session.plan.contract)
+        base = self.own_final["envelope"]
+        fields = env_mod.build(self.session.plan.info, verdict)  # the verdict's own fields
+        verdict_fields = {k: fields[k] for k in ("exit_code", "exit_name", "exit_meaning",
+                                                  "ci_action", "decided_by", "disagreements")}
+        envelope = agreement.merge(base, finals, verdict, stop, lost,
+                                   self.membership_nnodes(), verdict_fields)
+        waiting = [n for n in range(1, self.membership_nnodes()) if n not in lost]
+        await loop.run_in_executor(None, _publish_verdict, store, verdict, envelope, waiting)
+        return self._write(verdict, envelope)
+
+    async def _await_verdict(self) -> RunEnding:
+        link, loop = self._link(), asyncio.get_running_loop()
+        deadline = time.monotonic() + max(2 * self.config.node_timeout, 10.0)
+        published = None
+        while link.store_lost is None and time.monotonic() < deadline:
+            published = await loop.run_in_executor(None, _read_verdict, link.store)
+            if published is not None:
+                break
+            link.verdict_ready.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(link.verdict_ready.wait(), 0.25)
+        if published is None:
+            return self._without_agreement(link.store_lost or "no verdict from node 0 in time")
+        verdict = agreement.verdict_from_wire(published["verdict"])
+        return self._write(verdict, published["envelope"])
+
+    def _without_agreement(self, why: str) -> RunEnding:
+        report = self.session.report
+        verdict = report.verdict()
+        envelope = report._build(provisional=False)
+        envelope["agreement"] = {"agreed": False, "decided_by_node": self.sup.spec.node_rank,
+                                 "note": f"decided without agreement: {why}"}
+        return self._write(verdict, envelope, agreed=False)
+
+    def _write(self, verdict: Any, envelope: dict[str, Any], agreed: bool = True) -> RunEnding:
+        plan = self.session.plan
+        if agreed:
+            envelope = agreement.localize(envelope, {
+                "node_rank": plan.spec.node_rank, "run_dir": str(plan.spec.run_dir),
+                "command": list(plan.info.command)})
+        errors = env_mod.write_all(plan.envelope_paths, envelope)
+        path = str(plan.envelope_paths[0]) if plan.envelope_paths else None
+        ending = RunEnding(verdict, envelope, path, tuple(errors))
+        self.session.report.ending = ending
+        self.sup.emit(ev.VerdictReached(verdict, path))
+        return ending
+
+    def _link(self) -> NodeLink:
+        assert self.link is not None
+        return self.link
+
+    def membership_nnodes(self) -> int:
+        assert self.membership is not None
+        return self.membership.nnodes
+
+
+def _agreed_stop(store: ControlStore) -> dict[str, Any] | None:
+    try:
+        return store.get("stop") if store.has(["stop"]) else None
+    except (StoreLost, StoreTimeout):
+        return None
+
+
+def _publish_verdict(store: ControlStore, verdict: Any, envelope: dict[str, Any],
+                     waiting: list[int]) -> None:
+    store.set("verdict", {"verdict": agreement.verdict_to_wire(verdict), "envelope": envelope})
+    for node in waiting:
+        store.push(f"inbox/{node}", {"kind": "verdict"})
+    deadline = time.monotonic() + ACK_WAIT
+    while store.add("acks", 0) < len(waiting) and time.monotonic() < deadline:
+        time.sleep(0.02)  # node 0 exits last: its store must outlive the others' reads
+
+
+def _read_verdict(store: ControlStore) -> dict[str, Any] | None:
+    try:
+        if not store.has(["verdict"]):
+            return None
+        published: dict[str, Any] = store.get("verdict")
+        store.add("acks", 1)
+        return published
+    except (StoreLost, StoreTimeout):
+        return None

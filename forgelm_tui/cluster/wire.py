@@ -1,0 +1,40 @@
+"""What nodes tell each other, as JSON: stop records, rank endings, rank snapshots."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from forgelm_tui.engine.records import StopRecord
+from forgelm_tui.verdict import RankEnding, StopKind
+
+
+def stop_to_wire(stop: StopRecord) -> dict[str, Any]:
+    return {"kind": stop.kind.value, "reason": stop.reason, "origin": stop.origin,
+            "signal": stop.signal, "at": stop.at, "grace": stop.grace,
+            "origin_rank": stop.origin_rank, "origin_node": stop.origin_node,
+            "lost_node": stop.lost_node, "source": stop.source}
+
+
+def stop_from_wire(data: dict[str, Any]) -> StopRecord:
+    """Another node's stop; its deadline is set when this node applies it (never compared)."""
+    return StopRecord(StopKind(data["kind"]), data["reason"], data["origin"], data["signal"],
+                      data["at"], 0.0, grace=data["grace"], origin_rank=data["origin_rank"],
+                      origin_node=data["origin_node"], lost_node=data["lost_node"],
+                      source=data["source"])
+
+
+def ending_to_wire(ending: RankEnding) -> dict[str, Any]:
+    data = asdict(ending)
+    for name in ("ended_mono", "foreign_mono"):  # inf is not JSON
+        if data[name] == float("inf"):
+            data[name] = None
+    return data
+
+
+def ending_from_wire(data: dict[str, Any]) -> RankEnding:
+    values = dict(data)
+    for name in ("ended_mono", "foreign_mono"):
+        if values[name] is None:
+            values[name] = float("inf")
+    return RankEnding(**values)
