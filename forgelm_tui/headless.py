@@ -11,7 +11,8 @@ import collections
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.events import RankState
@@ -107,6 +108,8 @@ class HeadlessView:
         self._sink = sink
         self._output_age: dict[int, float] = {}
         self._last_countdown: int | None = None
+        self._nodes: dict[int, ev.NodeState] = {}
+        self._remote: dict[int, RankState] = {}
 
     def note(self, message: str) -> None:
         self._sink.write(f"{PREFIX} {message}\n")
@@ -148,8 +151,29 @@ class HeadlessView:
                           "the run is not complete, whatever the ranks exit with")
             case ev.SignalForwarded(signal=sig, ranks=ranks):
                 self.note(f"{signal_name(sig)} forwarded to rank(s) {_ranks(ranks)}")
+            case ev.RunEscalated(reason=reason):
+                self.note(f"escalated: {reason}; SIGKILL to every rank still running")
+            case ev.NodeChanged():
+                self._node(event)
             case _:
                 pass
+
+    def _node(self, event: ev.NodeChanged) -> None:
+        """Another node: a line when it changes state, and when one of its ranks does."""
+        node = event.node_rank
+        if self._nodes.get(node) is not event.state:
+            self._nodes[node] = event.state
+            ranks = _ranks(r.rank for r in event.ranks)
+            self.note(f"node {node} ({event.host or '?'}): {event.state.value}"
+                      + (f", rank(s) {ranks}" if event.ranks else ""))
+        for snap in event.ranks:
+            if self._remote.get(snap.rank) is snap.state:
+                continue
+            self._remote[snap.rank] = snap.state
+            if snap.state in (RankState.EXITED, RankState.FAILED, RankState.KILLED):
+                self.note(f"rank {snap.rank} on node {node} {_ending(snap.exit_code, snap.signal)}")
+            elif snap.state is not RankState.STARTING:
+                self.note(f"rank {snap.rank} on node {node}: {snap.state.value}")
 
     def _countdown(self, left: float, live: tuple[int, ...]) -> None:
         whole = round(left)
@@ -164,8 +188,9 @@ class HeadlessView:
         records: Iterable[RankRecord],
         verdict: Verdict,
         envelope_path: str | None,
+        remote: Sequence[dict[str, Any]] = (),
     ) -> None:
-        self._sink.write(summary_text(records, verdict, envelope_path))
+        self._sink.write(summary_text(records, verdict, envelope_path, remote))
 
 
 def _ranks(ranks: Iterable[int]) -> str:
@@ -186,6 +211,22 @@ def _duration(record: RankRecord) -> str:
     return f"{end - record.started_mono:.1f}s"
 
 
+def _remote_row(rank: dict[str, Any]) -> tuple[str, ...]:
+    """A rank of another node, from its entry in the envelope (docs/envelope.md)."""
+    stop = next((s for s in rank["signals_sent"] if s["purpose"] in ("stop", "kill")), None)
+    last = rank["signals_sent"][-1] if rank["signals_sent"] else None
+    progress = rank.get("progress") or {}
+    step = progress.get("step")
+    total = progress.get("total")
+    duration = rank.get("duration_s")
+    return (str(rank["rank"]), str(rank["pid"] or "-"), rank["state"],
+            "-" if rank["exit_code"] is None else str(rank["exit_code"]),
+            rank["signal"] or "-",
+            f"{last['signal']}: {stop['reason']}" if stop and last else "-",
+            "-" if step is None else (f"{step}/{total}" if total else str(step)),
+            "-" if duration is None else f"{duration:.1f}s")
+
+
 def _step(record: RankRecord) -> str:
     if record.step is None:
         return "-"
@@ -193,8 +234,11 @@ def _step(record: RankRecord) -> str:
 
 
 def summary_text(
-    records: Iterable[RankRecord], verdict: Verdict, envelope_path: str | None
+    records: Iterable[RankRecord], verdict: Verdict, envelope_path: str | None,
+    remote: Sequence[dict[str, Any]] = (),
 ) -> str:
+    """The table every rank ends with; ``remote``: other nodes' ranks from the agreed envelope
+    (a multi-node run adds a node column)."""
     header = ("rank", "pid", "state", "exit", "signal", "sent by supervisor", "step", "time")
     rows = [header]
     for r in sorted(records, key=lambda r: r.rank):
@@ -214,7 +258,14 @@ def summary_text(
                 _duration(r),
             )
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    if remote:
+        nodes = {r.rank: r.node_rank for r in records}
+        rows = [rows[0], *sorted(rows[1:] + [_remote_row(d) for d in remote],
+                                 key=lambda row: int(row[0]))]
+        nodes.update({d["rank"]: d["node_rank"] for d in remote})
+        rows = [(rows[0][0], "node", *rows[0][1:]),
+                *((row[0], str(nodes[int(row[0])]), *row[1:]) for row in rows[1:])]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
              for row in rows]
     out = [f"{PREFIX} summary", *lines]

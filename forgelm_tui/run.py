@@ -200,7 +200,10 @@ def execute(plan: Plan) -> int:
         guardian.close()
     for error in ending.write_errors:
         view.note(error)
-    view.summary(session.supervisor.records.values(), ending.verdict, ending.envelope_path)
+    local = set(session.supervisor.records)
+    remote = [r for r in ending.envelope.get("ranks", []) if r["rank"] not in local]
+    view.summary(session.supervisor.records.values(), ending.verdict, ending.envelope_path,
+                 remote)
     sink.close()
     if plan.output_format == "json":
         emit_json(ending.envelope)

@@ -150,7 +150,9 @@ class NodeLink:
     def _remote_stop(self, data: dict[str, Any]) -> None:
         self.agreed_stop = self.agreed_stop or data
         if self.sup.stop is None:
-            self.sup.apply_stop(stop_from_wire(data))
+            stop = stop_from_wire(data)
+            stop.reason = f"{stop.reason} (on node {stop.origin_node})"
+            self.sup.apply_stop(stop)
 
     def _remote_kill(self, data: dict[str, Any]) -> None:
         if not self._kill_seen:

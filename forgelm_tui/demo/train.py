@@ -100,7 +100,11 @@ def main() -> int:
                 say(rank, f"rank {rank}: failing on purpose at step {step} with exit "
                           f"{opts.fail_code}")
                 print(f"rank {rank}: simulated failure", file=sys.stderr, flush=True)
-                return int(opts.fail_code)
+                sys.stdout.flush()
+                # Out at once, as a crash is: a Python teardown would first close the gloo
+                # sockets, and a peer aborting on "Connection closed by peer" could be reaped
+                # before this rank, taking the root cause (a collateral failure; issue 12).
+                os._exit(int(opts.fail_code))
             if opts.hang_rank == rank and step == opts.hang_step:
                 stuck_forever(rank, f"stops taking part at step {step}")
             x = torch.randn(64, 16)

@@ -1,0 +1,90 @@
+"""Several "nodes" on 127.0.0.1: one real forgelm-tui supervisor each, as SPEC §8 runs them."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from conftest import cli_env, pid_alive, wait_for
+
+
+def free_port_pair() -> int:
+    """A port P with P and P+1 both free (rank 0's store and the control store)."""
+    for _ in range(200):
+        with socket.socket() as first:
+            first.bind(("", 0))
+            port = first.getsockname()[1]
+            if port >= 65534:
+                continue
+            with socket.socket() as second:
+                try:
+                    second.bind(("", port + 1))
+                except OSError:
+                    continue
+                return int(port)
+    raise AssertionError("no free pair of ports")
+
+
+@dataclass
+class Node:
+    rank: int
+    proc: subprocess.Popen[str]
+    root: Path  # --run-dir; this node writes root/node-<rank>
+
+    @property
+    def run_dir(self) -> Path:
+        return self.root / f"node-{self.rank}"
+
+    def envelope(self) -> dict[str, Any]:
+        return json.loads((self.run_dir / "envelope.json").read_text())
+
+    def wait(self, timeout: float = 90) -> int:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            raise
+
+    def output(self) -> tuple[str, str]:
+        return self.proc.communicate(timeout=30)
+
+    def rank_pids(self) -> list[int]:
+        return [int(r["pid"]) for r in self.envelope()["ranks"] if r.get("pid")]
+
+
+def start_nodes(nnodes: int, target: Sequence[str], tmp_path: Path, *,
+                extra: Sequence[Sequence[str]] = (), common: Sequence[str] = (),
+                env: dict[str, str] | None = None, port: int | None = None,
+                ranks: Sequence[int] | None = None) -> list[Node]:
+    """Start one supervisor per node (``ranks``: which node ranks to start, default all),
+    ``--nnodes N --node-rank i --master-addr 127.0.0.1 --master-port P`` + ``common`` +
+    ``extra[i]``, then ``target`` (a script and its arguments, or ``demo ...``)."""
+    port = port or free_port_pair()
+    nodes = []
+    for rank in (range(nnodes) if ranks is None else ranks):
+        own = list(extra[rank]) if rank < len(extra) else []
+        cmd = [sys.executable, "-m", "forgelm_tui", "--no-tui", "--run-dir",
+               str(tmp_path / "run"), "--nnodes", str(nnodes), "--node-rank", str(rank),
+               "--master-addr", "127.0.0.1", "--master-port", str(port), *common, *own,
+               *target]
+        proc = subprocess.Popen(cmd, cwd=tmp_path, env=cli_env(env), stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+        nodes.append(Node(rank, proc, tmp_path / "run"))
+    return nodes
+
+
+def wait_all(nodes: Sequence[Node], timeout: float = 90) -> list[int]:
+    return [node.wait(timeout) for node in nodes]
+
+
+def no_orphans(pids: Sequence[int]) -> None:
+    wait_for(lambda: not any(pid_alive(p) for p in pids), 15, f"ranks {list(pids)} to be gone")
