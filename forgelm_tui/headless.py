@@ -211,6 +211,16 @@ def _duration(record: RankRecord) -> str:
     return f"{end - record.started_mono:.1f}s"
 
 
+def _local_row(r: RankRecord) -> tuple[str, ...]:
+    sent = next((s for s in r.signals_sent if s.purpose.stops), None)
+    last = r.signals_sent[-1] if r.signals_sent else None
+    return (str(r.rank), str(r.pid or "-"), r.state.value,
+            "-" if r.exit_code is None else str(r.exit_code),
+            signal_name(r.signal) if r.signal else "-",
+            f"{signal_name(last.signal)}: {sent.reason}" if sent and last else "-",
+            _step(r), _duration(r))
+
+
 def _remote_row(rank: dict[str, Any]) -> tuple[str, ...]:
     """A rank of another node, from its entry in the envelope (docs/envelope.md)."""
     stop = next((s for s in rank["signals_sent"] if s["purpose"] in ("stop", "kill")), None)
@@ -239,32 +249,17 @@ def summary_text(
 ) -> str:
     """The table every rank ends with; ``remote``: other nodes' ranks from the agreed envelope
     (a multi-node run adds a node column)."""
-    header = ("rank", "pid", "state", "exit", "signal", "sent by supervisor", "step", "time")
-    rows = [header]
-    for r in sorted(records, key=lambda r: r.rank):
-        sent = next((s for s in r.signals_sent if s.purpose.stops), None)
-        last = r.signals_sent[-1] if r.signals_sent else None
-        rows.append(
-            (
-                str(r.rank),
-                str(r.pid or "-"),
-                r.state.value,
-                "-" if r.exit_code is None else str(r.exit_code),
-                signal_name(r.signal) if r.signal else "-",
-                f"{signal_name(last.signal)}: {sent.reason}"
-                if sent and last
-                else "-",
-                _step(r),
-                _duration(r),
-            )
-        )
+    header: tuple[str, ...] = ("rank", "pid", "state", "exit", "signal", "sent by supervisor",
+                               "step", "time")
+    local = sorted(records, key=lambda r: r.rank)
+    body = [_local_row(r) for r in local]
     if remote:
-        nodes = {r.rank: r.node_rank for r in records}
-        rows = [rows[0], *sorted(rows[1:] + [_remote_row(d) for d in remote],
-                                 key=lambda row: int(row[0]))]
+        nodes = {r.rank: r.node_rank for r in local}
         nodes.update({d["rank"]: d["node_rank"] for d in remote})
-        rows = [(rows[0][0], "node", *rows[0][1:]),
-                *((row[0], str(nodes[int(row[0])]), *row[1:]) for row in rows[1:])]
+        body = sorted(body + [_remote_row(d) for d in remote], key=lambda row: int(row[0]))
+        header = (header[0], "node", *header[1:])
+        body = [(row[0], str(nodes[int(row[0])]), *row[1:]) for row in body]
+    rows: list[tuple[str, ...]] = [header, *body]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
              for row in rows]

@@ -44,6 +44,23 @@ A JSON envelope describing the run is written to the run directory.
 """
 
 
+def _add_rendezvous_options(tr: argparse._ArgumentGroup) -> None:
+    tr.add_argument("--rdzv-endpoint", "--rdzv_endpoint", dest="rdzv_endpoint", default=None,
+                    metavar="HOST:PORT", help="the control store (node 0); MASTER_PORT "
+                                              "defaults to PORT+1")
+    tr.add_argument("--rdzv-backend", "--rdzv_backend", dest="rdzv_backend", default=None,
+                    help="static (needs --node-rank) or c10d (nodes numbered as they join)")
+    tr.add_argument("--rdzv-id", "--rdzv_id", dest="rdzv_id", default=None,
+                    help="the run id every node uses (default: node 0's)")
+
+
+def _add_node_timeouts(own: argparse._ArgumentGroup) -> None:
+    own.add_argument("--join-timeout", type=float, default=300.0, metavar="S",
+                     help="multi-node: how long nodes wait for each other to join (300)")
+    own.add_argument("--node-timeout", type=float, default=10.0, metavar="S",
+                     help="multi-node: a node silent this long is lost and the run stops (10)")
+
+
 def _add_launch_options(parser: argparse.ArgumentParser) -> None:
     tr = parser.add_argument_group("torchrun-compatible options")
     tr.add_argument("--nproc-per-node", "--nproc_per_node", dest="nproc_per_node",
@@ -57,13 +74,7 @@ def _add_launch_options(parser: argparse.ArgumentParser) -> None:
     tr.add_argument("--master-port", "--master_port", dest="master_port",
                     help="rank 0's rendezvous port (default: a free port on one node); the "
                          "control store listens on the next port")
-    tr.add_argument("--rdzv-endpoint", "--rdzv_endpoint", dest="rdzv_endpoint", default=None,
-                    metavar="HOST:PORT", help="the control store (node 0); MASTER_PORT "
-                                              "defaults to PORT+1")
-    tr.add_argument("--rdzv-backend", "--rdzv_backend", dest="rdzv_backend", default=None,
-                    help="static (needs --node-rank) or c10d (nodes numbered as they join)")
-    tr.add_argument("--rdzv-id", "--rdzv_id", dest="rdzv_id", default=None,
-                    help="the run id every node uses (default: node 0's)")
+    _add_rendezvous_options(tr)
     tr.add_argument("--standalone", action="store_true", help="single node, free port")
     tr.add_argument("--run-path", "--run_path", dest="run_path", action="store_true",
                     help="accepted for torchrun compatibility; the script runs as with python")
@@ -81,6 +92,7 @@ def _add_launch_options(parser: argparse.ArgumentParser) -> None:
     tr.add_argument("-t", "--tee", dest="ignored_tee", help=argparse.SUPPRESS)
 
     own = parser.add_argument_group("forgelm-tui options")
+    _add_node_timeouts(own)
     own.add_argument("--grace", type=float, default=30.0, metavar="S",
                      help="SIGTERM -> SIGKILL wait when stopping, in seconds (default 30)")
     own.add_argument("--drain", type=float, default=60.0, metavar="S",
@@ -88,10 +100,6 @@ def _add_launch_options(parser: argparse.ArgumentParser) -> None:
                           "(default 60)")
     own.add_argument("--stall-timeout", type=float, default=None, metavar="S",
                      help="stop with code 2 when no rank shows progress for S seconds (off)")
-    own.add_argument("--join-timeout", type=float, default=300.0, metavar="S",
-                     help="multi-node: how long nodes wait for each other to join (300)")
-    own.add_argument("--node-timeout", type=float, default=10.0, metavar="S",
-                     help="multi-node: a node silent this long is lost and the run stops (10)")
     own.add_argument("--run-dir", type=Path, default=None, metavar="DIR",
                      help=f"logs and envelope (default ./{DEFAULT_RUN_ROOT}/RUN_ID)")
     own.add_argument("--envelope", type=Path, default=None, metavar="PATH",

@@ -114,19 +114,7 @@ class Planner:
         if graceful:
             argv = self._graceful(argv)
         self.info.graceful = graceful
-        master_addr = ns.master_addr or "127.0.0.1"
-        if cluster is None:
-            port = check_port(master_addr, ns.master_port)
-        else:  # only node 0's rank 0 listens there; node 0 checks it
-            master_addr = cluster.master_addr
-            port = cluster.master_port or 0
-            if cluster.node_rank == 0 and cluster.master_port:
-                check_port("127.0.0.1", str(cluster.master_port))
-        try:
-            if cluster is None:
-                self.run_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise UsageError(f"--run-dir {self.run_dir}: cannot create ({exc.strerror})") from None
+        master_addr, port = self._rendezvous(ns, cluster)
         spec = LaunchSpec(
             argv=tuple(argv),
             run_id=self.run_id,
@@ -161,6 +149,24 @@ class Planner:
             cluster=cluster,
             cluster_root=ns.run_dir.absolute() if cluster and ns.run_dir else None,
         )
+
+    def _rendezvous(self, ns: argparse.Namespace,
+                    cluster: ClusterConfig | None) -> tuple[str, int]:
+        """MASTER_ADDR and MASTER_PORT for the ranks (checked where rank 0 will listen), and
+        the run dir made on one node (a multi-node one is made after the join)."""
+        if cluster is None:
+            master_addr = ns.master_addr or "127.0.0.1"
+            port = check_port(master_addr, ns.master_port)
+            assert self.run_dir is not None
+            try:
+                self.run_dir.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise UsageError(f"--run-dir {self.run_dir}: cannot create ({exc.strerror})") \
+                    from None
+            return master_addr, port
+        if cluster.node_rank == 0 and cluster.master_port:  # rank 0 listens on node 0
+            check_port("127.0.0.1", str(cluster.master_port))
+        return cluster.master_addr, cluster.master_port or 0
 
     def _multi_node(self, ns: argparse.Namespace, cluster: ClusterConfig) -> None:
         """Run id and run dir as far as they are known before the join (node 0's id is

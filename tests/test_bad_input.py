@@ -76,7 +76,8 @@ NAMES = [
     "config is a directory", "program not on path", "missing module", "nproc zero",
     "nproc negative", "nproc not a number", "port in use", "bad grace", "nothing to run",
     "multi node without node 0", "multi node without address", "elastic range",
-    "node rank outside", "bad endpoint", "bad backend", "node timeout zero", "bad signal", "reserved signal", "stop signal forwarded",
+    "node rank outside", "bad endpoint", "bad backend", "node timeout zero", "bad signal",
+    "reserved signal", "stop signal forwarded",
 ]
 
 

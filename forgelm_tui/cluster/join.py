@@ -11,6 +11,7 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from forgelm_tui import __version__
 from forgelm_tui.cluster.store import ControlStore, PortTaken, StoreLost, StoreTimeout
@@ -65,7 +66,7 @@ class JoinRefused(Exception):
     """The run cannot start; the message names why (published so every node says the same).
     ``stop``: a node was cancelled while joining; its stop record, for every node to apply."""
 
-    def __init__(self, message: str, stop: dict | None = None) -> None:
+    def __init__(self, message: str, stop: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.stop = stop
 
@@ -131,10 +132,11 @@ class Joiner:
             except (StoreLost, StoreTimeout):
                 time.sleep(POLL)
 
-    def _run_record(self, store: ControlStore) -> dict:
+    def _run_record(self, store: ControlStore) -> dict[str, Any]:
         cfg = self.config
         if self.hosting:
-            run = {"run_id": cfg.run_id, "nnodes": cfg.nnodes, "version": cfg.version,
+            run: dict[str, Any] = {
+                   "run_id": cfg.run_id, "nnodes": cfg.nnodes, "version": cfg.version,
                    "master_addr": cfg.master_addr,
                    "master_port": cfg.master_port or _free_port(),
                    "fixed": cfg.run_id_fixed}
@@ -183,7 +185,7 @@ class Joiner:
             pass
         raise JoinRefused(message, stop)
 
-    def abandon(self, message: str, stop: dict) -> None:
+    def abandon(self, message: str, stop: dict[str, Any]) -> None:
         """This node was cancelled while joining: every node stops the same way."""
         if self.store is not None:
             with contextlib.suppress(StoreLost, StoreTimeout):

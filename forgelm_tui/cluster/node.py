@@ -10,7 +10,7 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from forgelm_tui import envelope as env_mod
 from forgelm_tui.cluster import agreement
@@ -22,9 +22,31 @@ from forgelm_tui.ending import RunEnding
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.codec import to_wire
 from forgelm_tui.engine.events import NodeState
+from forgelm_tui.engine.supervisor import Supervisor
+from forgelm_tui.plan import Plan
+from forgelm_tui.verdict import Verdict
 
-if TYPE_CHECKING:
-    from forgelm_tui.run import Session
+
+class Report(Protocol):
+    """run.RunReport, as far as a node's part uses it."""
+
+    plan: Plan
+    ending: RunEnding | None
+
+    def verdict(self) -> Verdict: ...
+    def final(self) -> RunEnding: ...
+    def _build(self, *, provisional: bool) -> dict[str, Any]: ...
+
+
+class Session(Protocol):
+    """What a node's part needs of run.Session (no import: run.py imports this module)."""
+
+    plan: Plan
+
+    @property
+    def report(self) -> Report: ...
+    @property
+    def supervisor(self) -> Supervisor: ...
 
 ACK_WAIT = 5.0  # node 0 waits this long for the others to have read the verdict
 
