@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import socket
 import time
 from collections.abc import Callable
@@ -47,6 +48,9 @@ class NodeInfo:
     pid: int
     nproc: int
     version: str
+    # Tells two registrations apart when host name and pid are alike (containers on the host
+    # network, each in its own PID namespace).
+    token: str = ""
 
 
 @dataclass(frozen=True)
@@ -96,7 +100,8 @@ class Joiner:
         if not 0 <= node_rank < cfg.nnodes:
             self._refuse(store, f"node rank {node_rank} is outside --nnodes {cfg.nnodes} "
                          "(more nodes joined than the run has)")
-        me = NodeInfo(node_rank, socket.gethostname(), os.getpid(), cfg.nproc, cfg.version)
+        me = NodeInfo(node_rank, socket.gethostname(), os.getpid(), cfg.nproc, cfg.version,
+                      secrets.token_hex(8))
         held = store.first(f"node/{node_rank}", asdict(me))
         if held != asdict(me):
             self._refuse(store, f"node rank {node_rank} joined twice: {held['host']} pid "

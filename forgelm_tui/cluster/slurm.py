@@ -45,8 +45,8 @@ def read_step(env: Mapping[str, str]) -> SlurmStep:
         raise SlurmError("SLURM step without a node list (SLURM_STEP_NODELIST / "
                          "SLURM_JOB_NODELIST)")
     job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or "0"
-    return SlurmStep(nnodes, node_rank, first_host(nodelist), f"slurm-{job}.{env['SLURM_STEP_ID']}",
-                     job)
+    master = "127.0.0.1" if nnodes == 1 else first_host(nodelist)  # one node: nothing to find
+    return SlurmStep(nnodes, node_rank, master, f"slurm-{job}.{env['SLURM_STEP_ID']}", job)
 
 
 def first_host(nodelist: str) -> str:

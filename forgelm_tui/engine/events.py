@@ -68,6 +68,8 @@ class RunStarted:
     argv: tuple[str, ...]
     run_dir: str
     at: float
+    node_rank: int = 0  # multi-node: this node (its ranks' rows); other nodes: NodeChanged
+    nnodes: int = 1
 
 
 @dataclass(frozen=True)

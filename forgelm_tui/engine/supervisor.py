@@ -135,7 +135,8 @@ class Supervisor:
             if self.before_launch is not None and self.stop is None:
                 await self.before_launch()
             self.emit(ev.RunStarted(self.spec.run_id, self.spec.world_size, self.spec.argv,
-                                    str(self.spec.run_dir), self.started_at))
+                                    str(self.spec.run_dir), self.started_at,
+                                    self.spec.node_rank, self.spec.nnodes))
             self._spawn_all(channel)
             self._sampling.start()
             self._check_finished()

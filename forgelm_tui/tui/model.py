@@ -54,6 +54,7 @@ class RankRow:
     step: int | None = None
     total: int | None = None
     metrics: dict[str, float] = field(default_factory=dict)
+    node_rank: int | None = None  # another node's rank (multi-node); None: this node's
 
     @property
     def ended(self) -> bool:
@@ -247,6 +248,8 @@ class RunModel:
         self.verdict: ev.VerdictReached | None = None
         self.logs = LogStore()
         self.notices: deque[str] = deque(maxlen=50)
+        self.node_rank, self.nnodes = 0, 1
+        self.nodes: dict[int, ev.NodeState] = {}  # other nodes of a multi-node run
         self.changed = True
 
     @property
@@ -287,6 +290,10 @@ class RunModel:
         match event:
             case ev.RunStarted(at=at):  # a stop may come first (cancelled before the launch)
                 self.state, self.started_at = "stopping" if self.stop else "running", at
+                self.node_rank, self.nnodes = event.node_rank, event.nnodes
+                self._local_rows(event.world_size // max(1, event.nnodes))
+            case ev.NodeChanged() as node:
+                self._node(node)
             case ev.RunStopping(live_ranks=live) as stopping:
                 self.state, self.stop, self.live_ranks = "stopping", stopping, live
                 self.stop_deadline = stopping.deadline_at
@@ -317,6 +324,32 @@ class RunModel:
         if snapshot.verdict is not None:
             self._run_event(snapshot.verdict)
         self.changed = True
+
+    def _local_rows(self, per_node: int) -> None:
+        """Rows numbered as this node's ranks once the node rank is known (multi-node)."""
+        first = self.node_rank * per_node
+        for rank in list(self.ranks):
+            row = self.ranks[rank]
+            if row.pid is None and row.node_rank is None and not first <= rank < first + per_node:
+                row.node_rank = rank // per_node
+            if first <= rank < first + per_node:
+                row.local_rank = rank - first
+
+    def _node(self, node: ev.NodeChanged) -> None:
+        """Another node's ranks, as it last reported them; a lost node is a notice."""
+        if self.nodes.get(node.node_rank) is not node.state and node.state is ev.NodeState.LOST:
+            self.notices.append(f"node {node.node_rank} lost: its supervisor went silent")
+        self.nodes[node.node_rank] = node.state
+        for snap in node.ranks:
+            row = _row(snap)
+            row.node_rank = node.node_rank
+            self.ranks[snap.rank] = row
+
+    def node_text(self, row: RankRow) -> str:
+        if row.node_rank is None:
+            return str(self.node_rank)
+        lost = self.nodes.get(row.node_rank) is ev.NodeState.LOST
+        return f"{row.node_rank} lost" if lost else str(row.node_rank)
 
     def _sampled(self, sample: ev.RankSampled) -> None:
         row = self.row(sample.rank)

@@ -25,6 +25,7 @@ LAST_LINE_CHARS = 40  # the log pane has the whole line; the table only a glimps
 # "59m59s" the widest uptime; progress is "step/total loss x".
 COLUMNS = (
     ("rank", "rank", 4),
+    ("node", "node", 4),  # multi-node runs only
     ("local", "local", 5),
     ("pid", "pid", 7),
     ("state", "state", 8),
@@ -47,7 +48,8 @@ CORE = -1  # a progress floor: its step/total, never clipped ("40/100" of "40/10
 GIVE_WAY: tuple[tuple[str, int | None], ...] = (
     ("last", 24), ("signal", 24),
     ("cpu", None), ("rss", None), ("children", None), ("uptime", None),
-    ("local", None), ("pid", None), ("last", 12), ("progress", CORE), ("signal", 18),
+    ("local", None), ("pid", None), ("node", None), ("last", 12), ("progress", CORE),
+    ("signal", 18),
     ("age", None), ("last", None),
     ("signal", 8), ("exit", 6), ("progress", None),
 )
@@ -150,6 +152,7 @@ class RankTable(DataTable[Text]):
         self._shown: dict[tuple[int, str], Cell] = {}  # as shown: clipped to its column
         self._wanted = {key: width for key, _, width in COLUMNS}
         self._core = 0
+        self.multi_node = False  # the node column shows only then
         self.shown_widths: dict[str, int] = {}  # the columns shown and their widths
 
     def cells(self, model: RunModel, row: RankRow) -> dict[str, Cell]:
@@ -158,6 +161,7 @@ class RankTable(DataTable[Text]):
         active = row.ended_at is None and row.pid is not None
         return {
             "rank": (str(row.rank), "bold"),
+            "node": (model.node_text(row), "red" if model.node_text(row).endswith("lost") else ""),
             "local": (str(row.local_rank), ""),
             "pid": (str(row.pid or "-"), ""),
             "state": (row.state.value, style),
@@ -178,6 +182,7 @@ class RankTable(DataTable[Text]):
         Every update_cell invalidates the table's render cache, but the repaint happens once
         per refresh whatever the number of changed cells.
         """
+        self.multi_node = model.nnodes > 1
         for rank in sorted(model.ranks):
             cells = self.cells(model, model.ranks[rank])
             self._cells[rank] = cells
@@ -225,7 +230,8 @@ class RankTable(DataTable[Text]):
 
     def _fit(self) -> dict[str, int]:
         width = self.scrollable_content_region.width if self.size.width else 0
-        return fit_columns(self._wanted, width, self._core)
+        wanted = {k: w for k, w in self._wanted.items() if self.multi_node or k != "node"}
+        return fit_columns(wanted, width, self._core)
 
     def _clipped(self, cells: dict[str, Cell]) -> dict[str, Cell]:
         widths = self.shown_widths
