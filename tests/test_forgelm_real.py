@@ -88,3 +88,36 @@ def test_cancelled_forgelm_leaves_pipeline_failed_per_rank(tmp_path: Path,
     for rank in envelope["ranks"]:
         assert rank["exit_code"] == 2, rank  # ForgeLM's own exit after a caught stop
         assert rank["forgelm_result"] is not None and rank["forgelm_result"]["success"] is False
+
+
+def test_two_node_forgelm_awaiting_approval(tmp_path: Path, tiny_model: Path) -> None:
+    """2 nodes x 1 rank (SPEC §8): each node's supervisor returns 4 and writes the same
+    envelope (but for its node-local fields); last_exit.json where the output dir is."""
+    from cluster_nodes import free_port_pair
+
+    job = make_job(tmp_path / "job", require_human_approval=True, model_dir=tiny_model)
+    port = free_port_pair()
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "forgelm_tui", "--no-tui", "--nnodes", "2", "--node-rank",
+         str(node), "--master-addr", "127.0.0.1", "--master-port", str(port),
+         "--run-dir", str(tmp_path / "run"), "--config", str(job.config)],
+        cwd=job.dir, env=job_env(job.dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True) for node in (0, 1)]
+    try:
+        outputs = [p.communicate(timeout=220) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert [p.returncode for p in procs] == [4, 4], [o[1][-2000:] for o in outputs]
+    envelopes = [json.loads((tmp_path / "run" / f"node-{n}" / "envelope.json").read_text())
+                 for n in (0, 1)]
+    local = {"node_rank", "run_dir", "command"}
+    assert [{k: v for k, v in e.items() if k not in local} for e in envelopes][0] == \
+        {k: v for k, v in envelopes[1].items() if k not in local}
+    envelope = envelopes[0]
+    assert envelope["exit_name"] == "EXIT_AWAITING_APPROVAL"
+    assert envelope["result"]["awaiting_approval"] is True
+    assert [r["node_rank"] for r in envelope["ranks"]] == [0, 1]
+    last_exit = json.loads((job.output_dir / "last_exit.json").read_text())
+    assert last_exit["exit_code"] == 4 and last_exit["nnodes"] == 2

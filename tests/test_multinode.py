@@ -201,3 +201,19 @@ def test_stall_across_nodes(tmp_path: Path) -> None:
     assert envelope["stop"]["kind"] == "stall"
     assert envelope["decided_by"]["rule"] == 4
     no_orphans([p for n in nodes for p in n.rank_pids()])
+
+
+def test_drain_after_rank0_covers_every_node(tmp_path: Path, marks: Path) -> None:
+    """Rank 0 (node 0) ends with 4; rank 1 on node 1 runs on: after the drain window node 0
+    stops it (node 0 has no rank left, its drain timer still runs) and the run is 4."""
+    port = free_port_pair()
+    rest = start_nodes(2, [SLEEPER, str(marks)], tmp_path, port=port, ranks=[1],
+                       common=["--drain", "2"])
+    first = start_nodes(2, [EXIT_WITH, "4", "--sleep", "1"], tmp_path, port=port, ranks=[0],
+                        common=["--drain", "2"])
+    nodes = [*first, *rest]
+    assert wait_all(nodes) == [4, 4]
+    envelope = same_envelopes(nodes)
+    assert envelope["stop"]["kind"] == "drain" and envelope["stop"]["origin_node"] == 0
+    assert envelope["decided_by"]["rule"] == 3
+    assert stopped_by_supervisor(envelope, 1)
