@@ -113,8 +113,8 @@ def test_two_node_forgelm_awaiting_approval(tmp_path: Path, tiny_model: Path) ->
     envelopes = [json.loads((tmp_path / "run" / f"node-{n}" / "envelope.json").read_text())
                  for n in (0, 1)]
     local = {"node_rank", "run_dir", "command"}
-    assert [{k: v for k, v in e.items() if k not in local} for e in envelopes][0] == \
-        {k: v for k, v in envelopes[1].items() if k not in local}
+    first, second = ({k: v for k, v in e.items() if k not in local} for e in envelopes)
+    assert first == second
     envelope = envelopes[0]
     assert envelope["exit_name"] == "EXIT_AWAITING_APPROVAL"
     assert envelope["result"]["awaiting_approval"] is True

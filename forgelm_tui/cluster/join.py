@@ -100,15 +100,15 @@ class Joiner:
         if not 0 <= node_rank < cfg.nnodes:
             self._refuse(store, f"node rank {node_rank} is outside --nnodes {cfg.nnodes} "
                          "(more nodes joined than the run has)")
+        if run["version"] != cfg.version:  # before registering: node 0 never starts its ranks
+            self._refuse(store, f"node {node_rank} runs forgelm-tui {cfg.version}, node 0 runs "
+                         f"{run['version']}: every node must run the same version")
         me = NodeInfo(node_rank, socket.gethostname(), os.getpid(), cfg.nproc, cfg.version,
                       secrets.token_hex(8))
         held = store.first(f"node/{node_rank}", asdict(me))
         if held != asdict(me):
             self._refuse(store, f"node rank {node_rank} joined twice: {held['host']} pid "
                          f"{held['pid']} and {me.host} pid {me.pid}")
-        if run["version"] != cfg.version:
-            self._refuse(store, f"node {node_rank} runs forgelm-tui {cfg.version}, node 0 runs "
-                         f"{run['version']}: every node must run the same version")
         store.set(f"beat/{node_rank}", {"seq": 0, "phase": "joining"})
         nodes = self._wait_for_all(store)
         return Membership(run["run_id"], node_rank, cfg.nnodes, run["master_addr"],
