@@ -128,6 +128,35 @@ def test_cancel_demo_from_the_tui(term: Terminal) -> None:
     assert envelope["exit_code"] == 2
 
 
+def test_cancel_in_the_tui_on_node_1_stops_every_node(term: Terminal, tmp_path: Path) -> None:
+    """Multi-node: the TUI on node 1 shows node 0's rank too (node column); its cancel stops
+    both nodes; both exit 2 with the same stop."""
+    from cluster_nodes import free_port_pair, start_nodes
+
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    port = free_port_pair()
+    target = [rank_script("sleeper.py"), str(marks)]
+    flags = ["--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", str(port)]
+    node0 = start_nodes(2, target, tmp_path, port=port, ranks=[0])[0]
+    term.start([*flags, "--node-rank", "1", *target])
+    wait_for(lambda: all((marks / f"ready-{r}").exists() for r in range(2)), 60, "ranks ready")
+    # rank, node, local rank: rank 0 is node 0's, known here from its heartbeats
+    term.wait_screen(r"(?m)^\s*0\s+0\s+0\s+\d+\s+(running|quiet)", 20)
+    term.wait_screen(r"(?m)^\s*1\s+1\s+0\s+\d+\s+(running|quiet)", 20)
+    term.press("c")
+    term.wait_screen(r"Stop the run\?")
+    term.press("y")
+    term.wait_screen(r"FINISHED.*exit 2 TRAINING_ERROR")
+    assert node0.wait(30) == 2
+    term.press("q")
+    assert term.exit_code() == 2
+    envelope = json.loads((tmp_path / "run" / "node-1" / "envelope.json").read_text())
+    assert envelope["stop"]["origin_node"] == 1 and envelope["cancelled"]["by"] == "operator"
+    assert node0.envelope()["stop"] == envelope["stop"]
+    assert (marks / "got-SIGTERM-0").exists()
+
+
 def test_cancel_with_rank_ignoring_sigterm_counts_down_and_kills(term: Terminal,
                                                                  tmp_path: Path) -> None:
     marks = tmp_path / "marks"
