@@ -217,3 +217,37 @@ def test_drain_after_rank0_covers_every_node(tmp_path: Path, marks: Path) -> Non
     assert envelope["stop"]["kind"] == "drain" and envelope["stop"]["origin_node"] == 0
     assert envelope["decided_by"]["rule"] == 3
     assert stopped_by_supervisor(envelope, 1)
+
+
+def test_slurm_step_configures_every_node(tmp_path: Path) -> None:
+    """Inside a (fake) srun step with no multi-node flag: node count, node rank, master address
+    (expanded by a stub scontrol) and run id come from SLURM's environment."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import cli_env
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stub = bin_dir / "scontrol"
+    stub.write_text('#!/bin/sh\n[ "$1 $2 $3" = "show hostnames fake[01-02]" ] || exit 1\n'
+                    'printf "127.0.0.1\\nfake02\\n"\n')
+    stub.chmod(0o755)
+    port = free_port_pair()
+    procs = []
+    for node in (0, 1):
+        env = cli_env({"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242",
+                       "SLURM_STEP_ID": "3", "SLURM_PROCID": str(node),
+                       "SLURM_NODEID": str(node), "SLURM_STEP_NUM_NODES": "2",
+                       "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
+                       "SLURM_STEP_NODELIST": "fake[01-02]"})
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "forgelm_tui", "--no-tui", "--master-port", str(port),
+             "--run-dir", str(tmp_path / "run"), EXIT_WITH, "0", "0=4"], cwd=tmp_path, env=env,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True))
+    nodes = [Node(n, p, tmp_path / "run") for n, p in enumerate(procs)]
+    assert wait_all(nodes) == [4, 4]
+    envelope = same_envelopes(nodes)
+    assert envelope["run_id"] == "slurm-4242.3"
+    assert envelope["nnodes"] == 2 and envelope["master_addr"] == "127.0.0.1"
