@@ -130,6 +130,9 @@ class Joiner:
         while True:
             self._check_time(f"the control store at {cfg.store_host}:{cfg.store_port} "
                              "never answered (is node 0 started?)")
+            if not _listening(cfg.store_host, cfg.store_port):
+                time.sleep(POLL)  # torch's client retries on its own for seconds: ask first
+                continue
             try:
                 self.store = ControlStore.connect(cfg.store_host, cfg.store_port,
                                                   min(CONNECT_TRY, self._left()))
@@ -220,6 +223,15 @@ def _is_local(host: str) -> bool:
             except OSError:
                 continue
     return False
+
+
+def _listening(host: str, port: int) -> bool:
+    """Something accepts connections there (a plain socket: bounded, and Ctrl+C is seen)."""
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
 
 
 def _free_port() -> int:
