@@ -188,6 +188,19 @@ def test_root_cause_is_the_stop_origin_not_the_earliest_clock(contract: Contract
     assert agreement.decide_global(finals, None, R).deciding_rank == 1  # the clocks' answer
 
 
+def test_after_a_cancel_the_first_failure_in_the_store_is_the_root_cause() -> None:
+    """A cancel was written first; ranks on two nodes then failed on their own before the stop
+    reached them: the first failure any node wrote to the store decides, not the clocks."""
+    finals = two_failing_nodes()
+    cancel = wire(stop(StopKind.CANCEL, origin_node=0, sig=signal.SIGTERM))
+    first = {"rank": 3, "node": 1}
+    verdict = agreement.decide_global(finals, cancel, R, first)
+    assert (verdict.code, verdict.rule, verdict.deciding_rank) == (9, 2, 3)
+    assert agreement.decide_global(finals, None, R, first).deciding_rank == 3
+    failure = wire(stop(StopKind.FAILURE, origin_rank=1, origin_node=0))
+    assert agreement.decide_global(finals, failure, R, first).deciding_rank == 1  # the stop's
+
+
 @pytest.mark.parametrize("contract", [F, R])
 def test_node_lost_without_failures_is_a_training_error(contract: Contract) -> None:
     finals = {0: final(0, [rk(0, 0, signalled=True), rk(1, None, signal.SIGTERM,

@@ -13,25 +13,32 @@ from dataclasses import asdict
 from typing import Any
 
 from forgelm_tui.cluster.wire import ending_from_wire, stop_from_wire
-from forgelm_tui.verdict import Contract, StopFacts, Verdict, decide, prelaunch_failure
+from forgelm_tui.verdict import Contract, StopFacts, StopKind, Verdict, decide, prelaunch_failure
 
 NODE_LOCAL = ("node_rank", "run_dir", "command")
 
 
-def stop_facts(stop: dict[str, Any] | None) -> StopFacts | None:
+def stop_facts(stop: dict[str, Any] | None,
+               first_failure: dict[str, Any] | None = None) -> StopFacts | None:
+    """The agreed stop as the verdict needs it. The root-cause candidate is the origin of a
+    failure stop, else the first failure any node reported to the store (a cancel may have been
+    written first): the store orders them, never two machines' clocks."""
+    origin = None if first_failure is None else first_failure["rank"]
     if stop is None:
-        return None
+        return None if origin is None else StopFacts(StopKind.FAILURE, None, origin)
     record = stop_from_wire(stop)
-    return StopFacts(record.kind, record.signal, record.origin_rank, record.lost_node)
+    if record.origin_rank is not None:
+        origin = record.origin_rank
+    return StopFacts(record.kind, record.signal, origin, record.lost_node)
 
 
 def decide_global(finals: dict[int, dict[str, Any]], stop: dict[str, Any] | None,
-                  contract: Contract) -> Verdict:
+                  contract: Contract, first_failure: dict[str, Any] | None = None) -> Verdict:
     """The run's code from every node's rank endings and the agreed stop record."""
     if any(f.get("launch_error") for f in finals.values()):
         return prelaunch_failure()
     endings = [ending_from_wire(e) for f in finals.values() for e in f["endings"]]
-    return decide(endings, stop_facts(stop), contract)
+    return decide(endings, stop_facts(stop, first_failure), contract)
 
 
 def verdict_to_wire(verdict: Verdict) -> dict[str, Any]:

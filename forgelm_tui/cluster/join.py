@@ -19,6 +19,7 @@ from forgelm_tui.cluster.store import ControlStore, PortTaken, StoreLost, StoreT
 
 POLL = 0.05
 CONNECT_TRY = 2.0  # one connection attempt; repeated until the join deadline
+LINGER = 3.0  # node 0, refusing: how long it waits for the others to read why
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,7 @@ class Joiner:
         self.deadline = clock() + config.join_timeout
         self.store: ControlStore | None = None  # node 0's is the server as well
         self.hosting = False
+        self.registered = False  # this node's node/<rank> key is its own
 
     def join(self) -> Membership:
         cfg = self.config
@@ -106,7 +108,8 @@ class Joiner:
         me = NodeInfo(node_rank, socket.gethostname(), os.getpid(), cfg.nproc, cfg.version,
                       secrets.token_hex(8))
         held = store.first(f"node/{node_rank}", asdict(me))
-        if held != asdict(me):
+        self.registered = held == asdict(me)
+        if not self.registered:
             self._refuse(store, f"node rank {node_rank} joined twice: {held['host']} pid "
                          f"{held['pid']} and {me.host} pid {me.pid}")
         store.set(f"beat/{node_rank}", {"seq": 0, "phase": "joining"})
@@ -169,6 +172,7 @@ class Joiner:
         while True:
             if store.has(["abort"]):
                 abort = store.get("abort")
+                self._seen_abort(store)
                 raise JoinRefused(abort["message"], abort.get("stop"))
             if store.has(names):
                 return tuple(NodeInfo(**v) for v in store.many(names))
@@ -189,6 +193,7 @@ class Joiner:
         try:
             held = store.first("abort", {"message": message})
             message, stop = held["message"], held.get("stop")
+            self._seen_abort(store)
         except (StoreLost, StoreTimeout):
             pass
         raise JoinRefused(message, stop)
@@ -198,6 +203,23 @@ class Joiner:
         if self.store is not None:
             with contextlib.suppress(StoreLost, StoreTimeout):
                 self.store.first("abort", {"message": message, "stop": stop})
+                self._linger(self.store)
+
+    def _seen_abort(self, store: ControlStore) -> None:
+        if self.hosting:
+            self._linger(store)
+        elif self.registered:
+            store.add("abort-seen", 1)  # node 0 keeps the store up until every node read it
+
+    def _linger(self, store: ControlStore) -> None:
+        """Node 0 hosts the store: it stays until every other registered node has read the
+        abort (at most LINGER seconds), or they would only see the store vanish."""
+        if not self.hosting:
+            return
+        others = sum(store.has([f"node/{n}"]) for n in range(1, self.config.nnodes))
+        deadline = time.monotonic() + LINGER
+        while store.add("abort-seen", 0) < others and time.monotonic() < deadline:
+            time.sleep(POLL)
 
     def _check_time(self, message: str) -> None:
         if self.cancelled():

@@ -72,6 +72,7 @@ class NodeLink:
         self._seq = 0
         self._phase = NodeState.RUNNING
         self._kill_seen = False
+        self._failure_told = False
         self._beat_handle: asyncio.TimerHandle | None = None
         self._finals_read: set[int] = set()  # ticker thread only
 
@@ -107,6 +108,13 @@ class NodeLink:
         stop = self.sup.stop
         if isinstance(event, ev.RunStopping) and stop is not None and stop.origin_node == self.me:
             self._commands.put(("stop", stop_to_wire(stop)))
+        elif isinstance(event, ev.RankExited) and not self._failure_told:
+            record = self.sup.records.get(event.rank)
+            if record is not None and record.ending().failed_on_own:
+                self._failure_told = True  # the first one here; the store keeps the first of all
+                # after this pass of events: the stop record it causes goes out first
+                self.loop.call_soon(self._commands.put,
+                                    ("first-failure", {"rank": event.rank, "node": self.me}))
         elif isinstance(event, ev.RunEscalated) and not self._kill_seen:
             self._kill_seen = True
             self._commands.put(("kill", {"reason": event.reason, "node": self.me}))
@@ -242,6 +250,8 @@ class NodeLink:
             store.set(f"beat/{self.me}", payload)
         elif kind == "final":
             store.set(f"final/{self.me}", payload)
+        elif kind == "first-failure":
+            store.first(kind, payload)
         elif kind in ("stop", "kill") and store.first(kind, payload) == payload:
             for node in range(self.nnodes):  # the first writer tells everyone now
                 if node != self.me:

@@ -158,8 +158,10 @@ class NodeRun:
         finals = {0: self.own_final, **link.finals}
         lost = sorted(n for n, p in link.liveness.peers.items() if p.state is NodeState.LOST)
         store = link.store
-        stop = await loop.run_in_executor(None, _agreed_stop, store)
-        verdict = agreement.decide_global(finals, stop, self.session.plan.contract)
+        stop = await loop.run_in_executor(None, _first, store, "stop")
+        first_failure = await loop.run_in_executor(None, _first, store, "first-failure")
+        verdict = agreement.decide_global(finals, stop, self.session.plan.contract,
+                                          first_failure)
         base = self.own_final["envelope"]
         fields = env_mod.build(self.session.plan.info, verdict)  # the verdict's own fields
         verdict_fields = {k: fields[k] for k in ("exit_code", "exit_name", "exit_meaning",
@@ -216,9 +218,10 @@ class NodeRun:
         return self.membership.nnodes
 
 
-def _agreed_stop(store: ControlStore) -> dict[str, Any] | None:
+def _first(store: ControlStore, key: str) -> dict[str, Any] | None:
+    """A first-writer-wins record (the agreed stop, the first failure), if any was written."""
     try:
-        return store.get("stop") if store.has(["stop"]) else None
+        return store.get(key) if store.has([key]) else None
     except (StoreLost, StoreTimeout):
         return None
 
