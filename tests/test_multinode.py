@@ -182,13 +182,17 @@ def test_duplicate_node_rank_refused_everywhere(tmp_path: Path) -> None:
 
 
 def test_node_that_never_joins(tmp_path: Path) -> None:
+    import re
+
     nodes = start_nodes(3, [EXIT_WITH, "0"], tmp_path, ranks=[0, 1],
-                        common=["--join-timeout", "6"])
+                        common=["--join-timeout", "8"])
     assert wait_all(nodes, 60) == [1, 1]
+    # node 2 is named; on a loaded machine node 1 may also have been too slow to join
+    missing = re.compile(r"nodes? (1, )?2 never joined within the join timeout of 8 s")
     for node in nodes:
         out, err = node.output()
-        assert "node 2 never joined within the join timeout of 6 s" in out, out + err
-        assert node.envelope()["error"].startswith("node 2 never joined")
+        assert missing.search(out), out + err
+        assert missing.match(node.envelope()["error"])
 
 
 def test_stall_across_nodes(tmp_path: Path) -> None:

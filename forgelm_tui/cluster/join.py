@@ -15,7 +15,13 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from forgelm_tui import __version__
-from forgelm_tui.cluster.store import ControlStore, PortTaken, StoreLost, StoreTimeout
+from forgelm_tui.cluster.store import (
+    ControlStore,
+    PortTaken,
+    StoreLost,
+    StoreTimeout,
+    torch_distributed,
+)
 
 POLL = 0.05
 CONNECT_TRY = 2.0  # one connection attempt; repeated until the join deadline
@@ -93,6 +99,7 @@ class Joiner:
 
     def join(self) -> Membership:
         cfg = self.config
+        torch_distributed()  # importing torch (seconds) overlaps node 0's start
         store = self._open()
         run = self._run_record(store)
         store.scoped(run["run_id"])

@@ -227,7 +227,11 @@ class NodeLink:
             except (StoreLost, StoreTimeout) as exc:
                 self._post(self._store_gone, str(exc))
                 return
-            if message is not None and message.get("kind") != "quit":
+            if message is None or message.get("kind") == "quit":
+                continue
+            if message.get("kind") == "final":
+                self._commands.put(("poll", None))  # the ticker reads it at once
+            else:
                 self._post(self._on_message, message)
 
     def _ticker_thread(self) -> None:
@@ -239,7 +243,7 @@ class NodeLink:
                         self.store.push(f"inbox/{self.me}", {"kind": "quit"})
                     return
                 self._publish(kind, payload)
-                if kind == "beat":
+                if kind in ("beat", "poll"):
                     self._poll()
         except (StoreLost, StoreTimeout) as exc:
             self._post(self._store_gone, str(exc))
@@ -250,6 +254,9 @@ class NodeLink:
             store.set(f"beat/{self.me}", payload)
         elif kind == "final":
             store.set(f"final/{self.me}", payload)
+            for node in range(self.nnodes):  # read now, not at the next heartbeat
+                if node != self.me:
+                    store.push(f"inbox/{node}", {"kind": "final", "node": self.me})
         elif kind == "first-failure":
             store.first(kind, payload)
         elif kind in ("stop", "kill") and store.first(kind, payload) == payload:

@@ -186,7 +186,9 @@ class NodeRun:
         if published is None:
             return self._without_agreement(link.store_lost or "no verdict from node 0 in time")
         verdict = agreement.verdict_from_wire(published["verdict"])
-        return self._write(verdict, published["envelope"])
+        ending = self._write(verdict, published["envelope"])
+        await loop.run_in_executor(None, _ack, link.store)  # node 0 may leave now: it is last
+        return ending
 
     def _without_agreement(self, why: str) -> RunEnding:
         report = self.session.report
@@ -236,12 +238,16 @@ def _publish_verdict(store: ControlStore, verdict: Any, envelope: dict[str, Any]
         time.sleep(0.02)  # node 0 exits last: its store must outlive the others' reads
 
 
+def _ack(store: ControlStore) -> None:
+    with contextlib.suppress(StoreLost, StoreTimeout):
+        store.add("acks", 1)
+
+
 def _read_verdict(store: ControlStore) -> dict[str, Any] | None:
     try:
         if not store.has(["verdict"]):
             return None
         published: dict[str, Any] = store.get("verdict")
-        store.add("acks", 1)
         return published
     except (StoreLost, StoreTimeout):
         return None

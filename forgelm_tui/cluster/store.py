@@ -31,7 +31,7 @@ class PortTaken(Exception):
     """The control port is in use on this machine."""
 
 
-def _dist() -> Any:
+def torch_distributed() -> Any:
     """torch.distributed, imported with its C++ logging silenced: its socket warnings would
     land in the middle of the TUI or of the headless lines. The ranks' environment is not
     touched (the variable is put back once the library has read it)."""
@@ -49,7 +49,7 @@ def _dist() -> Any:
 
 @contextlib.contextmanager
 def _translated(what: str) -> Iterator[None]:
-    dist = _dist()
+    dist = torch_distributed()
     try:
         yield
     except dist.DistNetworkError as exc:
@@ -81,7 +81,7 @@ class ControlStore:
     @classmethod
     def host(cls, port: int, timeout: float) -> ControlStore:
         """Node 0: listen on every address at ``port`` (the server lives in this process)."""
-        dist = _dist()
+        dist = torch_distributed()
         try:
             raw = dist.TCPStore("0.0.0.0", port, None, True, timedelta(seconds=timeout),
                                 wait_for_workers=False)
@@ -97,7 +97,7 @@ class ControlStore:
     def connect(cls, host: str, port: int, timeout: float) -> ControlStore:
         """Any node: a client connection; raises :class:`StoreLost` when nobody listens."""
         with _translated(f"cannot reach the control store at {host}:{port}"):
-            raw = _dist().TCPStore(host, port, None, False, timedelta(seconds=timeout),
+            raw = torch_distributed().TCPStore(host, port, None, False, timedelta(seconds=timeout),
                                    wait_for_workers=False)
         return cls(raw)
 
