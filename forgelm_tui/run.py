@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from forgelm_tui import envelope as env_mod
+from forgelm_tui.control.server import serving
 from forgelm_tui.ending import RunEnding
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.guardian import Guardian
@@ -157,8 +158,9 @@ class Session:
                        cause: str | None = None) -> str:
         return self.supervisor.request_cancel(origin, sig, source=source, cause=cause)
 
-    def kill_now(self, origin: str = "operator") -> None:
-        self.supervisor.kill_now(origin)
+    def kill_now(self, origin: str = "operator",
+                 source: CancelSource = CancelSource.OPERATOR) -> None:
+        self.supervisor.kill_now(origin, source)
 
     def forward(self, sig: int) -> None:
         self.supervisor.forward(sig)
@@ -169,8 +171,9 @@ class Session:
         return bool(cancels) and cancels[0].source is CancelSource.SIGNAL
 
     async def run(self) -> RunEnding:
-        await self.supervisor.run()
-        return await self.finish()
+        async with serving(self, lambda: self.plan.spec.run_dir):
+            await self.supervisor.run()
+            return await self.finish()
 
     async def finish(self) -> RunEnding:
         """The verdict and the envelope, once every rank (on every node) has ended."""
@@ -180,11 +183,12 @@ class Session:
 
 
 async def _run_then_ignore_signals(session: Session) -> RunEnding:
-    try:
-        await session.supervisor.run()
-    finally:
-        ignore_stop_signals()  # the ranks are gone: nothing may cut the envelope short now
-    return await session.finish()
+    async with serving(session, lambda: session.plan.spec.run_dir):  # attach (SPEC §9)
+        try:
+            await session.supervisor.run()
+        finally:
+            ignore_stop_signals()  # the ranks are gone: nothing may cut the envelope short now
+        return await session.finish()
 
 
 def execute(plan: Plan) -> int:

@@ -1,0 +1,64 @@
+"""A viewer's side of attach: connect to a run's control socket, read the hello, the snapshot
+and events as data, send commands (docs/control.md). Blocking and small: the attach TUI and the
+tests use it from a thread of their own."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+from typing import Any
+
+from forgelm_tui.engine import events as ev
+from forgelm_tui.engine.codec import from_wire
+
+
+class ControlError(Exception):
+    """No run answers there (no socket, a dead run, not a forgelm-tui socket)."""
+
+
+class ControlClient:
+    def __init__(self, path: Path | str, timeout: float = 10.0) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(timeout)
+        try:
+            self.sock.connect(str(path))
+        except OSError as exc:
+            self.sock.close()
+            raise ControlError(f"{path}: no run answers ({exc.strerror or exc})") from None
+        self._file = self.sock.makefile("rb")
+        hello = self.read()
+        if hello.get("type") != "hello" or hello.get("v") != 1:
+            raise ControlError(f"{path}: not a forgelm-tui control socket (protocol v1)")
+        self.run_id: str = hello["run_id"]
+        self.supervisor_pid: int = hello["pid"]
+
+    def read(self) -> dict[str, Any]:
+        """The next message; ControlError at the end of the stream."""
+        try:
+            raw = self._file.readline()
+        except OSError as exc:
+            raise ControlError(f"connection lost ({exc})") from None
+        if not raw:
+            raise ControlError("the run closed the connection")
+        message: dict[str, Any] = json.loads(raw)
+        return message
+
+    def next_item(self) -> ev.Event | ev.RunSnapshot | dict[str, Any]:
+        """An event or snapshot, decoded; other messages (ack, error) as they are."""
+        message = self.read()
+        if message.get("type") == "event":
+            event: ev.Event = from_wire(message["event"])
+            return event
+        if message.get("type") == "snapshot":
+            snapshot: ev.RunSnapshot = from_wire(message["snapshot"])
+            return snapshot
+        return message
+
+    def send(self, kind: str, via: str = "terminal", **fields: Any) -> None:
+        data = json.dumps({"type": kind, "via": via, **fields}) + "\n"
+        self.sock.sendall(data.encode())
+
+    def close(self) -> None:
+        self._file.close()
+        self.sock.close()

@@ -1,0 +1,255 @@
+"""The run's side of attach (SPEC §9): a Unix socket that serves a snapshot, then every event,
+and takes commands (cancel, kill now, forward a signal) from viewers.
+
+It never slows the run: events are encoded once for all viewers, and each viewer has a bounded
+queue written by its own task. A viewer that falls behind is cleared and sent a fresh snapshot
+(taken in a loop callback of its own, never inside an emit); one that keeps falling behind, or
+stops reading, is dropped. The socket is 0600 in a run dir of the owner's; the peer's pid and
+uid (SO_PEERCRED) name it in the envelope when it sends a command.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import struct
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from forgelm_tui.control import paths
+from forgelm_tui.engine import events as ev
+from forgelm_tui.engine.codec import to_wire
+from forgelm_tui.engine.records import CancelSource
+from forgelm_tui.signames import signal_name, signal_number
+
+PROTOCOL = 1
+MAX_QUEUED_BYTES = 4 << 20  # per viewer; past it the viewer is resynchronised
+MAX_RESYNCS = 3  # ...and past this many resyncs in a row without catching up, dropped
+MAX_COMMAND_BYTES = 64 << 10
+FLUSH_WAIT = 1.0  # at the end, how long viewers get to read the last events
+
+
+class Served(Protocol):
+    """What the server needs of a run (run.Session)."""
+
+    @property
+    def run_id(self) -> str: ...
+    def snapshot(self) -> ev.RunSnapshot: ...
+    def subscribe(self, listener: Callable[[ev.Event], None]) -> None: ...
+    def request_cancel(self, origin: str = ..., sig: int = ..., *,
+                       source: CancelSource = ..., cause: str | None = ...) -> str: ...
+    def kill_now(self, origin: str = ..., source: CancelSource = ...) -> None: ...
+    def forward(self, sig: int) -> None: ...
+
+
+def line(message: dict[str, Any]) -> bytes:
+    return (json.dumps(message, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+
+
+class Viewer:
+    def __init__(self, server: ControlServer, writer: asyncio.StreamWriter, pid: int,
+                 uid: int) -> None:
+        self.server, self.writer, self.pid, self.uid = server, writer, pid, uid
+        self.queue: deque[bytes] = deque()
+        self.queued = 0
+        self.resyncs = 0
+        self.behind = False
+        self.closed = False
+        self.wake = asyncio.Event()
+
+    def offer(self, data: bytes) -> None:
+        if self.closed or self.behind:
+            return
+        if self.queued + len(data) > MAX_QUEUED_BYTES:
+            self.behind = True
+            self.queue.clear()
+            self.queued = 0
+            asyncio.get_running_loop().call_soon(self.resync)
+            return
+        self.queue.append(data)
+        self.queued += len(data)
+        self.wake.set()
+
+    def resync(self) -> None:
+        """A fresh snapshot instead of what it could not keep up with."""
+        self.resyncs += 1
+        if self.resyncs > MAX_RESYNCS:
+            self.close()
+            return
+        self.behind = False
+        self.offer(self.server.snapshot_line())
+
+    async def pump(self) -> None:
+        try:
+            while not self.closed:
+                await self.wake.wait()
+                self.wake.clear()
+                while self.queue and not self.closed:
+                    data = self.queue.popleft()
+                    self.queued -= len(data)
+                    self.writer.write(data)
+                    await self.writer.drain()
+                if not self.queue:
+                    self.resyncs = 0  # caught up
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.wake.set()
+            self.writer.close()
+            self.server.viewers.discard(self)
+
+    def origin(self, via: str) -> str:
+        return f"attached viewer (pid {self.pid}, uid {self.uid}, {via})"
+
+
+class ControlServer:
+    def __init__(self, session: Served) -> None:
+        self.session = session
+        self.viewers: set[Viewer] = set()
+        self.path: Path | None = None
+        self._server: asyncio.AbstractServer | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def on_event(self, event: ev.Event) -> None:
+        if self.viewers:
+            data = line({"type": "event", "event": to_wire(event)})
+            for viewer in list(self.viewers):
+                viewer.offer(data)
+
+    def snapshot_line(self) -> bytes:
+        return line({"type": "snapshot", "snapshot": to_wire(self.session.snapshot())})
+
+    async def start(self, run_dir: Path) -> Path | None:
+        """Listen; None (and the run goes on) when no socket can be made."""
+        try:
+            path = paths.socket_path(run_dir, self.session.run_id)
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            old = os.umask(0o177)  # the socket is 0600 from its first moment
+            try:
+                self._server = await asyncio.start_unix_server(self._connected, path=str(path))
+            finally:
+                os.umask(old)
+        except OSError:
+            return None
+        self.path = path
+        paths.register(self.session.run_id, {
+            "run_id": self.session.run_id, "run_dir": str(run_dir), "socket": str(path),
+            "pid": os.getpid(), "host": socket.gethostname(), "started_at": time.time()})
+        return path
+
+    async def close(self) -> None:
+        """Give viewers a moment to read the verdict, then stop listening."""
+        if self._server is not None:
+            self._server.close()
+        pending = [v for v in self.viewers if v.queue]
+        deadline = asyncio.get_running_loop().time() + FLUSH_WAIT
+        while pending and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.02)
+            pending = [v for v in pending if v.queue and not v.closed]
+        for viewer in list(self.viewers):
+            viewer.close()
+        for task in list(self._tasks):
+            task.cancel()
+        if self.path is not None:
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+
+    # ------------------------------------------------------------------ one viewer
+
+    async def _connected(self, reader: asyncio.StreamReader,
+                         writer: asyncio.StreamWriter) -> None:
+        pid, uid = _peer(writer)
+        if uid not in (os.getuid(), 0):
+            writer.close()
+            return
+        viewer = Viewer(self, writer, pid, uid)
+        # The snapshot and the subscription in one loop callback: no event falls between.
+        viewer.offer(line({"v": PROTOCOL, "type": "hello", "run_id": self.session.run_id,
+                           "pid": os.getpid()}))
+        viewer.offer(self.snapshot_line())
+        self.viewers.add(viewer)
+        pump = asyncio.ensure_future(viewer.pump())
+        self._tasks.add(pump)
+        pump.add_done_callback(self._tasks.discard)
+        try:
+            while not viewer.closed:
+                raw = await reader.readline()
+                if not raw:
+                    break
+                self._command(viewer, raw)
+        except (ConnectionError, OSError, ValueError):
+            pass
+        finally:
+            viewer.close()
+
+    def _command(self, viewer: Viewer, raw: bytes) -> None:
+        try:
+            message = json.loads(raw[:MAX_COMMAND_BYTES])
+            kind, via = message["type"], str(message.get("via", "terminal"))[:20]
+        except (ValueError, KeyError, TypeError):
+            viewer.offer(line({"type": "error", "message": "not a command"}))
+            return
+        origin = viewer.origin(via)
+        if kind == "cancel":
+            effect = self.session.request_cancel(origin, signal.SIGINT,
+                                                 source=CancelSource.VIEWER)
+        elif kind == "kill":
+            self.session.kill_now(origin, CancelSource.VIEWER)
+            effect = "kill"
+        elif kind == "forward":
+            sig = signal_number(str(message.get("signal", "")))
+            if sig is None:
+                viewer.offer(line({"type": "error", "message": "unknown signal"}))
+                return
+            self.session.forward(sig)
+            effect = f"forwarded {signal_name(sig)}"
+        else:
+            viewer.offer(line({"type": "error", "message": f"unknown command {kind!r}"}))
+            return
+        viewer.offer(line({"type": "ack", "command": kind, "effect": effect}))
+
+
+def _peer(writer: asyncio.StreamWriter) -> tuple[int, int]:
+    sock = writer.get_extra_info("socket")
+    try:
+        data = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        pid, uid, _ = struct.unpack("3i", data)
+        return pid, uid
+    except (OSError, AttributeError):
+        return 0, -1
+
+
+@contextlib.asynccontextmanager
+async def serving(session: Served, run_dir: Callable[[], Path]) -> AsyncIterator[ControlServer]:
+    """Serve the run while the block runs: listening starts when the run starts (after a
+    multi-node join has settled the run dir), and ends after the verdict."""
+    server = ControlServer(session)
+    loop = asyncio.get_running_loop()
+    started: list[asyncio.Task[Path | None]] = []
+
+    def on_event(event: ev.Event) -> None:
+        server.on_event(event)
+        if isinstance(event, ev.RunStarted) and not started:
+            started.append(loop.create_task(server.start(run_dir())))
+
+    session.subscribe(on_event)
+    try:
+        yield server
+    finally:
+        if started:
+            with contextlib.suppress(Exception):
+                await started[0]
+        await server.close()
