@@ -33,6 +33,8 @@ def entry() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] in (["attach"], ["ls"]):
+        return viewer_command(args)
     planner = Planner(args, new_run_id())
     try:
         plan = planner.plan()
@@ -47,3 +49,27 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return execute_tui(plan)
     return execute(plan)
+
+
+def viewer_command(args: list[str]) -> int:
+    """`attach [RUN_DIR | RUN_ID] [--read-only]` and `ls`: they watch runs, never start one."""
+    import argparse
+
+    from forgelm_tui.options import UsageError, viewer_parser
+
+    try:
+        ns = viewer_parser(args[0]).parse_args(args[1:])
+    except UsageError as exc:
+        stderr_line(f"forgelm-tui {args[0]}: {exc}")
+        return 1
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    if args[0] == "ls":
+        from forgelm_tui.control.find import ls_text
+
+        sys.stdout.write(ls_text())
+        return 0
+    assert isinstance(ns, argparse.Namespace)
+    from forgelm_tui.tui.attach import execute_attach
+
+    return execute_attach(ns.run, ns.read_only, stderr_line)

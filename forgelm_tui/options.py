@@ -254,3 +254,19 @@ def check_port(addr: str, port_text: str | None) -> int:
                 "is another job using it?"
             ) from None
     return port
+
+
+def viewer_parser(command: str) -> argparse.ArgumentParser:
+    """`forgelm-tui attach` and `forgelm-tui ls`."""
+    if command == "ls":
+        return _Parser(prog="forgelm-tui ls", description="List the runs forgelm-tui knows: "
+                       "live ones (the per-user registry) and those under ./forgelm-tui-runs.")
+    parser = _Parser(prog="forgelm-tui attach",
+                     description="The TUI on a running run (started anywhere, --no-tui too): "
+                                 "d detaches, the run goes on; q after its end quits with its "
+                                 "code.")
+    parser.add_argument("run", nargs="?", default=None, metavar="RUN_DIR | RUN_ID",
+                        help="the run (default: the newest live one)")
+    parser.add_argument("--read-only", action="store_true",
+                        help="watch only: cancel, kill and forward are refused")
+    return parser

@@ -17,6 +17,14 @@ import pytest
 
 RANKS = Path(__file__).parent / "ranks"
 
+# Every run registers itself for `forgelm-tui attach` (SPEC §9): the tests' runs go to a registry
+# of their own, never the user's (and a test's `attach` never finds another test's run there).
+if "FORGELM_TUI_TEST_STATE" not in os.environ:
+    import tempfile
+
+    os.environ["FORGELM_TUI_TEST_STATE"] = os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(
+        prefix="forgelm-tui-test-state-")
+
 
 def wait_for(condition: Callable[[], Any], timeout: float, what: str, step: float = 0.02) -> Any:
     """Poll ``condition`` until it is truthy; fail with ``what`` after ``timeout`` seconds."""

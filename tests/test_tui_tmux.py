@@ -32,9 +32,10 @@ class Terminal:
         return subprocess.run(["tmux", "-L", self.socket, *args], capture_output=True,
                               text=True, timeout=10, check=True).stdout
 
-    def start(self, args: list[str]) -> None:
-        cli = [sys.executable, "-m", "forgelm_tui", "--tui", "--run-dir",
-               str(self.tmp / "run"), *args]
+    def start(self, args: list[str], *, raw: bool = False) -> None:
+        """``forgelm-tui --tui --run-dir TMP/run ARGS`` (``raw``: ``forgelm-tui ARGS``)."""
+        cli = [sys.executable, "-m", "forgelm_tui",
+               *([] if raw else ["--tui", "--run-dir", str(self.tmp / "run")]), *args]
         # The pane's size is the terminal's: COLUMNS/LINES inherited from a test runner would
         # override it for the app (they say 80x24).
         script = f"unset COLUMNS LINES; cd {shlex.quote(str(self.tmp))}; {shlex.join(cli)}; " \

@@ -1,0 +1,225 @@
+"""`forgelm-tui attach`: the operator's TUI on a run started elsewhere (SPEC §9), fed from the
+run's control socket: the same table, logs, cancel, kill, forward and verdict. Leaving (`d`,
+`q` during the run, a closed terminal) detaches; the run goes on."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from textual.binding import Binding
+
+from forgelm_tui.control.client import ControlClient, ControlError
+from forgelm_tui.ending import RunEnding
+from forgelm_tui.engine import events as ev
+from forgelm_tui.engine.records import CancelSource
+from forgelm_tui.signames import signal_name
+from forgelm_tui.tui.app import SupervisorApp
+
+HISTORY_BYTES = 64 << 10  # of each rank's log files, shown before the live stream
+
+
+class Detached(Exception):
+    """The viewer left; the run goes on."""
+
+
+class AttachedRun:
+    """A RunHandle (tui/handle.py) on a control socket."""
+
+    def __init__(self, client: ControlClient, read_only: bool = False) -> None:
+        self.client = client
+        self.read_only = read_only
+        first = client.next_item()
+        if not isinstance(first, ev.RunSnapshot):
+            raise ControlError("the run sent no snapshot")
+        self.snapshot = first
+        self.listeners: list[Callable[[ev.Event], None]] = []
+        self.on_snapshot: Callable[[ev.RunSnapshot], None] = lambda snapshot: None
+        self.detached = False
+
+    @property
+    def run_id(self) -> str:
+        return self.snapshot.run_id
+
+    @property
+    def command(self) -> list[str]:
+        return list(self.snapshot.argv)
+
+    @property
+    def world_size(self) -> int:
+        return self.snapshot.world_size
+
+    @property
+    def grace(self) -> float:
+        return self.snapshot.stop.grace if self.snapshot.stop else 30.0
+
+    def subscribe(self, listener: Callable[[ev.Event], None]) -> None:
+        self.listeners.append(listener)
+
+    def request_cancel(self, origin: str = "operator", sig: int = signal.SIGINT, *,
+                       source: CancelSource = CancelSource.OPERATOR,
+                       cause: str | None = None) -> str:
+        if source is CancelSource.TERMINAL:  # this viewer's terminal closed: it leaves
+            self.detach()
+            return "merged"
+        if self.read_only:
+            return "merged"
+        self.client.send("cancel")
+        return "stop"
+
+    def kill_now(self, origin: str = "operator") -> None:
+        if not self.read_only:
+            self.client.send("kill")
+
+    def forward(self, sig: int) -> None:
+        if not self.read_only:
+            self.client.send("forward", signal=signal_name(sig))
+
+    def cancelled_by_signal(self) -> bool:
+        return False
+
+    def detach(self) -> None:
+        self.detached = True
+        with contextlib.suppress(OSError):
+            self.client.close()
+
+    async def run(self) -> RunEnding:
+        """Deliver the snapshot, the logs so far, then events, until the verdict."""
+        loop = asyncio.get_running_loop()
+        for chunk in log_history(self.snapshot):
+            self._deliver(chunk)
+        done: asyncio.Future[RunEnding] = loop.create_future()
+        thread = threading.Thread(target=self._read, args=(loop, done), daemon=True,
+                                  name="forgelm-tui-attach")
+        thread.start()
+        return await done
+
+    def _read(self, loop: asyncio.AbstractEventLoop, done: asyncio.Future[RunEnding]) -> None:
+        try:
+            while True:
+                item = self.client.next_item()
+                if isinstance(item, ev.VerdictReached):
+                    loop.call_soon_threadsafe(self._deliver, item)
+                    loop.call_soon_threadsafe(_settle, done, ending_of(item))
+                    return
+                if isinstance(item, ev.RunSnapshot):  # it fell behind: a fresh start
+                    loop.call_soon_threadsafe(self.on_snapshot, item)
+                elif not isinstance(item, dict):
+                    loop.call_soon_threadsafe(self._deliver, item)
+        except (ControlError, OSError, ValueError) as exc:
+            error: BaseException = Detached() if self.detached else ControlError(str(exc))
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_fail, done, error)
+
+    def _deliver(self, item: ev.Event) -> None:
+        for listener in self.listeners:
+            listener(item)
+
+
+def _settle(done: asyncio.Future[RunEnding], ending: RunEnding) -> None:
+    if not done.done():
+        done.set_result(ending)
+
+
+def _fail(done: asyncio.Future[RunEnding], error: BaseException) -> None:
+    if not done.done():
+        done.set_exception(error)
+
+
+def ending_of(verdict: ev.VerdictReached) -> RunEnding:
+    envelope: dict[str, Any] = {}
+    if verdict.envelope_path:
+        with contextlib.suppress(OSError, ValueError):
+            envelope = json.loads(Path(verdict.envelope_path).read_text(encoding="utf-8"))
+    return RunEnding(verdict.verdict, envelope, verdict.envelope_path, ())
+
+
+def log_history(snapshot: ev.RunSnapshot) -> list[ev.RankOutput]:
+    """The end of each rank's log files, so the log pane is not empty on attach."""
+    chunks = []
+    for rank in snapshot.ranks:
+        for stream in (ev.Stream.STDOUT, ev.Stream.STDERR):
+            path = Path(snapshot.run_dir) / f"rank-{rank.rank}.{stream.value}.log"
+            with contextlib.suppress(OSError), open(path, "rb") as handle:
+                handle.seek(0, 2)
+                size = handle.tell()
+                handle.seek(max(0, size - HISTORY_BYTES))
+                raw = handle.read()
+                if size > HISTORY_BYTES:
+                    raw = raw.split(b"\n", 1)[-1]
+                raw = raw.rstrip(b"\n")
+                if raw:
+                    chunks.append(ev.RankOutput(rank.rank, stream, raw))
+    return chunks
+
+
+class AttachApp(SupervisorApp):
+    BINDINGS = [
+        Binding("d", "detach", "Detach", tooltip="leave this viewer; the run goes on"),
+    ]
+
+    def __init__(self, run: AttachedRun, **kwargs: Any) -> None:
+        super().__init__(run, **kwargs)
+        self.model.restore(run.snapshot)  # the run as it is now; events follow
+        run.on_snapshot = self.model.restore
+
+    def action_detach(self) -> None:
+        handle = self.run_handle
+        assert isinstance(handle, AttachedRun)
+        handle.detach()
+        self.exit(None)
+
+    def action_quit_run(self) -> None:
+        if self.ending is None:  # leaving a viewer never stops the run
+            self.action_detach()
+            return
+        super().action_quit_run()
+
+    async def _run(self) -> None:
+        try:
+            await super()._run()
+        except Detached:
+            return
+        except ControlError as exc:
+            self.notify(f"lost the run: {exc}", severity="error", timeout=10)
+
+
+def execute_attach(target: str | None, read_only: bool, say: Callable[[str], None]) -> int:
+    """Find the run, attach, and return: the run's code after `q`, 0 after a detach, 1 when
+    there is no run to attach to (one line; no run dir, no envelope)."""
+    from forgelm_tui.control.find import NotFound, find_run
+    from forgelm_tui.tui.launch import _terminal_fd
+
+    try:
+        run = find_run(target)
+    except NotFound as exc:
+        say(f"forgelm-tui attach: {exc}")
+        return 1
+    if not run.live:
+        envelope = run.envelope()
+        if envelope is None:
+            say(f"forgelm-tui attach: {run.run_id}: the run is gone and left no envelope")
+            return 1
+        say(f"forgelm-tui: run {run.run_id} has ended: exit {envelope['exit_code']} "
+            f"{envelope['exit_name']} ({envelope['decided_by']['explanation']}); envelope: "
+            f"{run.run_dir / 'envelope.json'}")
+        return int(envelope["exit_code"])
+    try:
+        assert run.socket is not None
+        handle = AttachedRun(ControlClient(run.socket), read_only)
+    except ControlError as exc:
+        say(f"forgelm-tui attach: {exc}")
+        return 1
+    app = AttachApp(handle, terminal_fd=_terminal_fd())
+    code = app.run()
+    if handle.detached or code is None:
+        say(f"forgelm-tui: detached from run {handle.run_id}; it goes on "
+            f"(forgelm-tui attach {handle.run_id})")
+        return 0
+    return code
