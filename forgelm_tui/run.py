@@ -171,9 +171,12 @@ class Session:
         return bool(cancels) and cancels[0].source is CancelSource.SIGNAL
 
     async def run(self) -> RunEnding:
-        async with serving(self, lambda: self.plan.spec.run_dir):
+        async with serving(self, lambda: self.plan.spec.run_dir, self._node_rank):
             await self.supervisor.run()
             return await self.finish()
+
+    def _node_rank(self) -> int | None:
+        return self.plan.spec.node_rank if self.plan.cluster is not None else None
 
     async def finish(self) -> RunEnding:
         """The verdict and the envelope, once every rank (on every node) has ended."""
@@ -183,7 +186,8 @@ class Session:
 
 
 async def _run_then_ignore_signals(session: Session) -> RunEnding:
-    async with serving(session, lambda: session.plan.spec.run_dir):  # attach (SPEC §9)
+    async with serving(session, lambda: session.plan.spec.run_dir,  # attach (SPEC §9)
+                       session._node_rank):
         try:
             await session.supervisor.run()
         finally:

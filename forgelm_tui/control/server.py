@@ -131,7 +131,7 @@ class ControlServer:
     def snapshot_line(self) -> bytes:
         return line({"type": "snapshot", "snapshot": to_wire(self.session.snapshot())})
 
-    async def start(self, run_dir: Path) -> Path | None:
+    async def start(self, run_dir: Path, name: str | None = None) -> Path | None:
         """Listen; None (and the run goes on) when no socket can be made."""
         try:
             path = paths.socket_path(run_dir, self.session.run_id)
@@ -145,7 +145,7 @@ class ControlServer:
         except OSError:
             return None
         self.path = path
-        paths.register(self.session.run_id, {
+        paths.register(name or self.session.run_id, {
             "run_id": self.session.run_id, "run_dir": str(run_dir), "socket": str(path),
             "pid": os.getpid(), "host": socket.gethostname(), "started_at": time.time()})
         return path
@@ -233,9 +233,11 @@ def _peer(writer: asyncio.StreamWriter) -> tuple[int, int]:
 
 
 @contextlib.asynccontextmanager
-async def serving(session: Served, run_dir: Callable[[], Path]) -> AsyncIterator[ControlServer]:
+async def serving(session: Served, run_dir: Callable[[], Path],
+                  node: Callable[[], int | None] = lambda: None) -> AsyncIterator[ControlServer]:
     """Serve the run while the block runs: listening starts when the run starts (after a
-    multi-node join has settled the run dir), and ends after the verdict."""
+    multi-node join has settled the run dir and node rank), and ends after the verdict. Each
+    node of a multi-node run registers as ``<run id>-node<i>``."""
     server = ControlServer(session)
     loop = asyncio.get_running_loop()
     started: list[asyncio.Task[Path | None]] = []
@@ -243,7 +245,9 @@ async def serving(session: Served, run_dir: Callable[[], Path]) -> AsyncIterator
     def on_event(event: ev.Event) -> None:
         server.on_event(event)
         if isinstance(event, ev.RunStarted) and not started:
-            started.append(loop.create_task(server.start(run_dir())))
+            rank = node()
+            name = None if rank is None else f"{session.run_id}-node{rank}"
+            started.append(loop.create_task(server.start(run_dir(), name)))
 
     session.subscribe(on_event)
     try:
