@@ -109,6 +109,7 @@ def rank_dict(
         "stderr_bytes": record.stderr_bytes,
         "peak_rss_bytes": record.peak_rss_bytes,
         "stalled": record.stalled,
+        "progress_evidence": record.progress_evidence,
         "progress": {
             "step": record.step,
             "total": record.total,

@@ -16,7 +16,14 @@ from conftest import rank_script
 
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.codec import DecodeError, from_wire, to_wire
-from forgelm_tui.engine.events import ProgressSource, Purpose, RankState, SignalSent, Stream
+from forgelm_tui.engine.events import (
+    ProgressEvidence,
+    ProgressSource,
+    Purpose,
+    RankState,
+    SignalSent,
+    Stream,
+)
 from forgelm_tui.engine.spec import LaunchSpec
 from forgelm_tui.plan import Plan, RunInfo
 from forgelm_tui.run import Session
@@ -31,7 +38,7 @@ VERDICT = Verdict(2, "EXIT_TRAINING_ERROR", "runtime error", "investigate logs",
 RANK = ev.RankSnapshot(1, 1, 0, 4242, RankState.STOPPING, 1.5, None, None, None,
                        (SignalSent(15, 2.0, "cancelled by operator", Purpose.STOP),),
                        "step 3 \u00e9", 2.5, 3, 10, {"loss": 0.25}, ProgressSource.CHANNEL,
-                       12.5, 1 << 30, 2)
+                       12.5, 1 << 30, 2, progress_evidence=ProgressEvidence.STEPS)
 STOPPING = ev.RunStopping(StopKind.CANCEL, "cancelled by operator", "operator", 30.0, (0, 1),
                           1.0)
 EXAMPLES: list[Any] = [
@@ -47,6 +54,7 @@ EXAMPLES: list[Any] = [
     ev.RunStalled(5.0, (0, 1)),
     ev.SignalForwarded(10, (0, 1), 4.0),
     ev.RankProgressed(0, 3, None, {"loss": float("inf"), "lr": 1e-4}, ProgressSource.OUTPUT),
+    ev.RankEvidenceChanged(1, ProgressEvidence.OUTPUT),
     ev.RankReportedStop(1, "SIGTERM", True, None),
     ev.RunFinished(5.0),
     ev.VerdictReached(VERDICT, "/runs/r1/envelope.json"),
@@ -103,7 +111,7 @@ def _plan(tmp_path: Path, argv: list[str], world: int) -> Plan:
 
 def _view(model: RunModel) -> dict[int, tuple[Any, ...]]:
     return {r.rank: (r.state, r.exit_code, r.signal, r.step, r.total, r.metrics, r.last_line,
-                     r.pid) for r in model.ranks.values()}
+                     r.pid, r.evidence) for r in model.ranks.values()}
 
 
 def _verdict(model: RunModel) -> Any:

@@ -27,7 +27,7 @@ class RankState(StrEnum):
 
     STARTING = "starting"
     RUNNING = "running"
-    QUIET = "quiet"  # alive, no progress of any kind for the quiet threshold
+    QUIET = "quiet"  # alive, no progress (as its evidence counts it) for the quiet threshold
     STOPPING = "stopping"  # the supervisor sent it the SIGTERM of a stop
     EXITED = "exited"  # ended with an exit code that is no failure of its own
     KILLED = "killed"  # ended by a signal
@@ -51,6 +51,15 @@ class Purpose(StrEnum):
 class ProgressSource(StrEnum):
     CHANNEL = "channel"  # the rank reports through forgelm_tui.rank
     OUTPUT = "output"  # read from progress lines in its output
+
+
+class ProgressEvidence(StrEnum):
+    """The strongest kind of progress a rank has shown so far; only that kind (and its main
+    thread's heartbeats) counts as its progress from then on (``RankRecord.saw``, SPEC §4)."""
+
+    STEPS = "steps"  # it reported training steps (channel, or its training progress bar)
+    OUTPUT = "output"  # it printed
+    CPU = "cpu"  # its CPU time grew: the weak signal (a spinning hang burns CPU too)
 
 
 @dataclass(frozen=True)
@@ -229,6 +238,14 @@ class RankProgressed:
 
 
 @dataclass(frozen=True)
+class RankEvidenceChanged:
+    """The kind of progress that counts for a rank changed (announced once a sample pass)."""
+
+    rank: int
+    evidence: ProgressEvidence | None
+
+
+@dataclass(frozen=True)
 class RankReportedStop:
     """A rank said it received a stop signal, or that it stopped at an agreed step."""
 
@@ -276,6 +293,7 @@ class RankSnapshot:
     children: int
     caught_mask: int = 0
     ignored_mask: int = 0
+    progress_evidence: ProgressEvidence | None = None
 
 
 @dataclass(frozen=True)
@@ -328,6 +346,7 @@ Event = (
     | RunStalled
     | SignalForwarded
     | RankProgressed
+    | RankEvidenceChanged
     | RankReportedStop
     | RunFinished
     | VerdictReached

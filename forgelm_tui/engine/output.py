@@ -22,7 +22,7 @@ from typing import IO
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.events import Stream
 from forgelm_tui.engine.progress import ProgressReader
-from forgelm_tui.engine.records import STDERR_TAIL_LINES, RankRecord
+from forgelm_tui.engine.records import STDERR_TAIL_LINES, Evidence, RankRecord
 from forgelm_tui.engine.sanitize import MAX_PENDING_BYTES, LineSplitter
 
 READ_CHUNK = 1 << 16
@@ -89,12 +89,12 @@ class OutputDrain:
         else:
             record.stderr_bytes += len(data)
         record.last_output_at = time.time()
-        record.last_output_mono = record.last_progress_mono = time.monotonic()
+        record.last_output_mono = now = time.monotonic()
+        record.saw(Evidence.OUTPUT, now)
         self._deliver(record, stream, splitter.split(data))
-        if b"\r" in data:
-            partial = splitter.partial()
-            if partial:
-                self._progress.read_output(record, partial.encode())
+        tail = data[data.rfind(b"\n") + 1 :]
+        if b"\r" in tail:  # a bar redrawn in place: its latest state, raw (a nested bar's
+            self._progress.read_output(record, tail)  # cursor-up tells it apart)
 
     def _deliver(self, record: RankRecord, stream: Stream, block: bytes | None) -> None:
         if block is None:

@@ -109,7 +109,8 @@ class StopPolicy:
         self.begin(StopKind.FAILURE, message, "launch")
 
     def progress_checked(self, now: float) -> None:
-        """After a sample pass: mark quiet ranks, and stop a run in which none progresses."""
+        """After a sample pass: mark quiet ranks, tell views what kind of progress counts for
+        each rank (``RankRecord.saw`` decides), and stop a run in which none progresses."""
         timeout = self.settings.stall_timeout
         quiet_after = min(self.settings.quiet_after, timeout or float("inf"))
         live = self.live()
@@ -118,6 +119,9 @@ class StopPolicy:
             if quiet != record.quiet:
                 record.quiet = quiet
                 self.effects.rank_changed(record)
+            if record.progress_evidence is not record.evidence_told:
+                record.evidence_told = record.progress_evidence
+                self.effects.emit(ev.RankEvidenceChanged(record.rank, record.progress_evidence))
         if timeout is None or self.stop is not None or not live:
             return
         ages = [now - (r.last_progress_mono or now) for r in live]

@@ -1,20 +1,31 @@
 """Progress: how far each rank is and whether it said it was stopped, from two sources.
 
 The channel (``forgelm_tui.rank`` helpers send messages, see ``forgelm_tui.channel``) and, for
-programs that do not use it, recognised progress lines in the rank's output (HF Trainer's bar
-and log dicts, Lightning's ``Received SIGTERM``).
+programs that do not use it, recognised training progress bars in the rank's output (HF
+Trainer's and Lightning's tqdm bars, HF's log dicts; ``progress_lines``), and Lightning's
+``Received SIGTERM``. What each sign of life proves is decided by ``RankRecord.saw``.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from itertools import islice
 
 from forgelm_tui.channel import Message, MessageKind
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.events import ProgressSource
-from forgelm_tui.engine.progress_lines import LIGHTNING_SIGTERM, lines_with, parse_loss, parse_step
-from forgelm_tui.engine.records import RankRecord
+from forgelm_tui.engine.progress_lines import (
+    LIGHTNING_SIGTERM,
+    Bar,
+    lines_with,
+    parse_bar,
+    parse_loss,
+    raw_lines_with,
+)
+from forgelm_tui.engine.records import Evidence, RankRecord
+
+MAX_BAR_LINES = 64  # bar lines read per chunk, newest first (tqdm redraws in place: few)
 
 
 class ProgressReader:
@@ -22,41 +33,71 @@ class ProgressReader:
         self._emit = emit
 
     def read_output(self, record: RankRecord, raw: bytes) -> None:
-        """Progress and stop notices from newline-joined output lines."""
+        """Progress and stop notices from newline-joined output lines (or a bar's redraws)."""
         if LIGHTNING_SIGTERM in raw:  # C-speed scans of the chunk before any per-line work
             self.reported_stop(record, "SIGTERM", None)
-        if record.progress_source is ProgressSource.CHANNEL or not (b"loss" in raw or b"/" in raw):
+        # A rank that talks on the channel reports its own steps: its bars are not read.
+        if record.channel_seen or not (b"loss" in raw or b"/" in raw):
             return
-        step = next(filter(None, map(parse_step, lines_with(raw, b"/", b"[", b"|"))), None)
+        now = time.monotonic()
+        step = self._bars(record, raw, now)
         loss = next((v for v in map(parse_loss, lines_with(raw, b"loss")) if v is not None),
                     None)
-        if step is None and loss is None:
-            return
-        if step is not None:
+        moved = step is not None and step != (record.step, record.total)
+        if not moved and (loss is None or record.metrics == {"loss": loss}):
+            return  # a bar redrawn at the same step: nothing new to tell
+        if step is not None and moved:
+            record.saw(Evidence.STEP, now)
             record.step, record.total = step
         if loss is not None:
             record.metrics = {"loss": loss}
         self._progressed(record, ProgressSource.OUTPUT)
 
+    @staticmethod
+    def _bars(record: RankRecord, raw: bytes, now: float) -> tuple[int, int] | None:
+        """The training bar's (step, total): of the chunk's newest bars (it may hold an
+        evaluation after the training bar), the newest with the largest total. Any other loop
+        bar that moved on since the last one seen is a sign of life, never the step."""
+        training: Bar | None = None
+        other: Bar | None = None
+        lines = raw_lines_with(raw, b"/", b"[", b"|")
+        for found in filter(None, map(parse_bar, islice(lines, MAX_BAR_LINES))):
+            bar: Bar | None = found
+            if found.is_training(max(record.total or 0, training.total if training else 0)):
+                if training is not None and found.total <= training.total:
+                    continue  # an older redraw of the training bar
+                bar, training = training, found  # a bar it displaces was another loop
+            if bar is not None and other is None:
+                other = bar
+        if other is not None and (other.label, other.total, other.step) != record.loop_bar:
+            record.loop_bar = (other.label, other.total, other.step)
+            record.saw(Evidence.HEARTBEAT, now)
+        return None if training is None else (training.step, training.total)
+
     def read_message(self, record: RankRecord, message: Message) -> None:
-        record.last_progress_mono = time.monotonic()  # any message is a heartbeat
+        now = time.monotonic()
+        record.channel_seen = True
         match message.kind:
             case MessageKind.PROGRESS:
+                if message.step is not None and message.step != record.step:
+                    record.saw(Evidence.STEP, now)  # only a step that moved on is progress
                 record.step = message.step if message.step is not None else record.step
                 record.total = message.total if message.total is not None else record.total
                 if message.metrics:
                     record.metrics = dict(message.metrics)
                 self._progressed(record, ProgressSource.CHANNEL)
             case MessageKind.STOP_REQUESTED:
+                record.saw(Evidence.HEARTBEAT, now)
                 self.reported_stop(record, message.signal or "SIGTERM", None)
             case MessageKind.STOPPED:
+                record.saw(Evidence.HEARTBEAT, now)
                 record.stopped_step = message.step
                 if message.step is not None:
                     record.step = message.step
                 self._emit(ev.RankReportedStop(record.rank, record.reported_signal,
                                                record.foreign_stop, record.stopped_step))
             case MessageKind.HEARTBEAT | MessageKind.OTHER:
-                pass
+                record.saw(Evidence.HEARTBEAT, now)  # the main thread said it is alive
 
     def reported_stop(self, record: RankRecord, signal_name: str, step: int | None) -> None:
         """A rank received a stop signal; foreign unless the supervisor had sent one."""

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from forgelm_tui.engine.events import (
+    ProgressEvidence,
     ProgressSource,
     Purpose,
     RankSnapshot,
@@ -31,6 +32,21 @@ class CancelSource(StrEnum):
     TERMINAL = "terminal"  # the launching terminal was closed
     VIEWER = "viewer"  # an attached viewer
     NODE = "node"  # another node's supervisor (multi-node)
+
+
+class Evidence(StrEnum):
+    """What was just seen of a rank that may show it progressing (``RankRecord.saw``)."""
+
+    STEP = "step"  # its training step changed (channel, or its training progress bar)
+    HEARTBEAT = "heartbeat"  # its main thread said it is alive (channel; an advancing loop bar)
+    OUTPUT = "output"  # it printed
+    CPU = "cpu"  # its CPU time grew
+
+
+_LEVEL = {Evidence.STEP: ProgressEvidence.STEPS, Evidence.OUTPUT: ProgressEvidence.OUTPUT,
+          Evidence.CPU: ProgressEvidence.CPU}
+_STRENGTH = {None: 0, ProgressEvidence.CPU: 1, ProgressEvidence.OUTPUT: 2,
+             ProgressEvidence.STEPS: 3}
 
 
 @dataclass
@@ -69,6 +85,10 @@ class RankRecord:
     total: int | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     progress_source: ProgressSource | None = None
+    progress_evidence: ProgressEvidence | None = None  # the strongest kind shown so far
+    evidence_told: ProgressEvidence | None = None  # ...as views were last told (snapshots)
+    channel_seen: bool = False  # it talks on the channel: its output is not read for steps
+    loop_bar: tuple[str, int, int] | None = None  # the last other loop bar: label, total, step
     reported_signal: str | None = None  # a stop signal the rank said it received
     reported_mono: float | None = None
     foreign_stop: bool = False  # ...and forgelm-tui had not sent it one (envelope: *_from_outside)
@@ -100,6 +120,31 @@ class RankRecord:
         if self.signalled_first:
             return RankState.STOPPING
         return RankState.QUIET if self.quiet else RankState.RUNNING
+
+    def saw(self, evidence: Evidence, now: float) -> bool:
+        """One sign of life; True when it counts as progress (the stall and quiet clocks).
+
+        The one place that decides (SPEC §4): a rank's level is the strongest kind of evidence
+        it has shown (steps > output > CPU time), and only evidence of that kind counts from
+        then on, besides a heartbeat from its main thread, which always counts. So a rank that
+        reported steps and then spins a core in a hung collective is not progressing, and a
+        rank that prints is not kept alive by a busy background thread. Once a rank's step
+        reaches its total its training loop is over: its output counts again (never its CPU).
+        """
+        level = _LEVEL.get(evidence)
+        if level is not None and _STRENGTH[level] > _STRENGTH[self.progress_evidence]:
+            self.progress_evidence = level
+        counts = (level is None or level is self.progress_evidence
+                  or (level is ProgressEvidence.OUTPUT and self.steps_done))
+        if counts:
+            self.last_progress_mono = now
+        return counts
+
+    @property
+    def steps_done(self) -> bool:
+        """It reported steps and its step reached its total."""
+        return (self.progress_evidence is ProgressEvidence.STEPS and self.step is not None
+                and self.total is not None and self.step >= self.total)
 
     def mark_started(self, pid: int) -> None:
         now = time.monotonic()
@@ -135,6 +180,7 @@ class RankRecord:
             total=self.total, metrics=dict(self.metrics), progress_source=self.progress_source,
             cpu_percent=self.cpu_percent, rss_bytes=self.rss_bytes, children=self.children,
             caught_mask=self.caught_mask, ignored_mask=self.ignored_mask,
+            progress_evidence=self.evidence_told,
         )
 
 

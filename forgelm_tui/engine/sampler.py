@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import psutil
 
-from forgelm_tui.engine.records import RankRecord
+from forgelm_tui.engine.records import Evidence, RankRecord
 
 # A rank whose CPU time grew by less than this fraction of the interval counts as idle: a rank
 # blocked in a collective or at a barrier burns almost nothing.
@@ -73,11 +73,12 @@ class RankSampler:
 
 
 def apply_sample(record: RankRecord, sample: Sample | None, now: float, interval: float) -> None:
-    """Fold a sample into the record; CPU time that grew counts as progress (the weak kind)."""
+    """Fold a sample into the record; CPU time that grew is evidence of the weak kind: progress
+    only for a rank that has shown nothing stronger (``RankRecord.saw``)."""
     if sample is None:
         return
     if sample.cpu_seconds - record.cpu_seconds > IDLE_CPU_FRACTION * interval:
-        record.last_progress_mono = now
+        record.saw(Evidence.CPU, now)
     record.cpu_seconds = sample.cpu_seconds
     record.cpu_percent = sample.cpu_percent
     record.rss_bytes = sample.rss_bytes

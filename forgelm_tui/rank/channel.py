@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from typing import Any
 
 from forgelm_tui.channel import CHANNEL_ENV, MessageKind, encode, socket_address
 
-__all__ = ["CHANNEL_ENV", "Channel", "MessageKind", "default_channel", "heartbeat",
-           "report_progress"]
+__all__ = ["CHANNEL_ENV", "Channel", "Heartbeats", "MessageKind", "default_channel",
+           "heartbeat", "report_progress"]
 
 
 class Channel:
@@ -68,3 +69,20 @@ def report_progress(step: int, total: int | None = None,
 def heartbeat() -> None:
     """Tell the supervisor this rank is alive though silent (it is then never 'stalled')."""
     default_channel().heartbeat()
+
+
+class Heartbeats:
+    """Heartbeats from hooks that run often (every evaluation batch): at most one every
+    ``every`` seconds, unless forced (a hook that runs once: evaluation done, checkpoint saved).
+    Call it from the main thread only: a heartbeat says the training loop itself is alive."""
+
+    def __init__(self, channel: Channel | None = None, every: float = 1.0) -> None:
+        self.channel = channel
+        self.every = every
+        self._last: float | None = None
+
+    def beat(self, *, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or self._last is None or now - self._last >= self.every:
+            self._last = now
+            (self.channel or default_channel()).heartbeat()

@@ -12,6 +12,10 @@ supervisor's SIGKILL at the grace deadline, ends it the ordinary way.
 Nothing else changes: ``sys.argv``, ``__main__``, ``-m`` semantics, ``sys.path[0]`` and exit
 codes are what ``python [-m] program`` gives. If the exception is not caught, the process dies
 of SIGTERM exactly as it would have without the runner.
+
+Under forgelm-tui the runner also gives every HF ``Trainer`` the program builds a progress
+callback (``trainer_hook``): steps and heartbeats on the channel, so ForgeLM's evaluation and
+saves are not taken for a stall and every rank shows its real training step.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import sys
 from types import FrameType
 
 from forgelm_tui.channel import MessageKind
+from forgelm_tui.rank import trainer_hook
 from forgelm_tui.rank.channel import default_channel
 
 
@@ -50,6 +55,7 @@ def main(argv: list[str]) -> None:
                          "[args]\n")
         raise SystemExit(2)
     signal.signal(signal.SIGTERM, _on_sigterm)
+    trainer_hook.install()
     try:
         if argv[0] == "-m":
             sys.argv = [argv[1], *argv[2:]]  # run_module puts the module's file in argv[0]

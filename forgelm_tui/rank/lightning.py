@@ -24,6 +24,11 @@ after the same global step. Lightning's handlers are put back at ``on_train_end`
 Remaining window: a signal that arrives between Lightning's registration and the first hook above
 (the "run-stage" barrier) still reaches Lightning's own handler.
 
+Progress (:class:`ProgressReportCallback`, which ``StopTogetherCallback`` includes): each
+training batch's global step is reported to forgelm-tui, and validation batches (throttled) and
+checkpoint saves send heartbeats from the main thread, so a long validation between two steps is
+not taken for a stall (docs/progress.md). Outside forgelm-tui all of it is a no-op.
+
 This is the only module of ``forgelm_tui`` that imports ``lightning``.
 """
 
@@ -38,13 +43,55 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from forgelm_tui.rank.channel import report_progress
+from forgelm_tui.rank.channel import Channel, Heartbeats, default_channel
 from forgelm_tui.rank.stop import AgreementHolder
 
-__all__ = ["StopTogetherCallback"]
+__all__ = ["ProgressReportCallback", "StopTogetherCallback"]
 
 
-class StopTogetherCallback(AgreementHolder, pl.Callback):
+class ProgressReportCallback(pl.Callback):
+    """Reports each training batch's global step and sends heartbeats during validation and at
+    checkpoint saves; handles no signal. ``report``: send per-step progress (default True).
+    ``heartbeat_every``: the most frequent heartbeat during validation, in seconds."""
+
+    def __init__(self, *, report: bool = True, heartbeat_every: float = 1.0,
+                 channel: Channel | None = None) -> None:
+        self.report = report
+        self.channel = channel
+        self.beats = Heartbeats(channel, heartbeat_every)
+        self._total: int | None = None
+
+    def _progress(self, trainer: pl.Trainer, loss: float | None) -> None:
+        if self.report:
+            (self.channel or default_channel()).progress(
+                int(trainer.global_step), self._total,
+                {"loss": loss} if loss is not None else None)
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._total = _total_steps(trainer)
+        self._progress(trainer, None)
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           outputs: Any, batch: Any, batch_idx: int) -> None:
+        self._progress(trainer, _loss(outputs))
+
+    def on_validation_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                                outputs: Any, batch: Any, batch_idx: int,
+                                dataloader_idx: int = 0) -> None:
+        self.beats.beat()  # every validation batch: throttled
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.beats.beat(force=True)
+
+    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           checkpoint: dict[str, Any]) -> None:
+        self.beats.beat(force=True)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.beats.beat(force=True)
+
+
+class StopTogetherCallback(AgreementHolder, ProgressReportCallback):
     """Every rank stops at the same global step, after a checkpoint, once any rank is signalled.
 
     ``checkpoint_path``: where to save at the agreed stop; ``{step}`` is replaced by the global
@@ -61,12 +108,12 @@ class StopTogetherCallback(AgreementHolder, pl.Callback):
         every: int = 1,
         signals: Iterable[int] = (signal.SIGTERM, signal.SIGINT),
         report: bool = True,
+        channel: Channel | None = None,
     ) -> None:
         self.checkpoint_path = os.fspath(checkpoint_path) if checkpoint_path is not None else None
         AgreementHolder.__init__(self, signals, every)
-        self.report = report
+        ProgressReportCallback.__init__(self, report=report, channel=channel)
         self.checkpoint: str | None = None  # what was saved at the agreed stop
-        self._total: int | None = None
 
     # ------------------------------------------------------------- Lightning hooks
 
@@ -76,14 +123,12 @@ class StopTogetherCallback(AgreementHolder, pl.Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.take_over_signals()
         self.checkpoint = None
-        self._total = _total_steps(trainer)
+        super().on_train_start(trainer, pl_module)
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            outputs: Any, batch: Any, batch_idx: int) -> None:
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         step = int(trainer.global_step)
-        if self.report:
-            loss = _loss(outputs)
-            report_progress(step, self._total, {"loss": loss} if loss is not None else None)
         # Every rank runs the same number of batches: this is the same point on all ranks.
         if self.stop.should_stop(step):
             self.checkpoint = self._save(trainer, step)
@@ -91,6 +136,7 @@ class StopTogetherCallback(AgreementHolder, pl.Callback):
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.restore_signals()
+        super().on_train_end(trainer, pl_module)
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                      exception: BaseException) -> None:

@@ -54,6 +54,7 @@ class RankRow:
     step: int | None = None
     total: int | None = None
     metrics: dict[str, float] = field(default_factory=dict)
+    evidence: ev.ProgressEvidence | None = None  # what kind of progress counts for it
     node_rank: int | None = None  # another node's rank (multi-node); None: this node's
 
     @property
@@ -283,6 +284,8 @@ class RunModel:
             case ev.RankProgressed(rank=rank, step=step, total=total, metrics=metrics):
                 row = self.row(rank)
                 row.step, row.total, row.metrics = step, total, dict(metrics)
+            case ev.RankEvidenceChanged(rank=rank, evidence=evidence):
+                self.row(rank).evidence = evidence
             case _:
                 self._run_event(event)
 
@@ -390,4 +393,4 @@ def _row(snap: ev.RankSnapshot) -> RankRow:
         started_at=snap.started_at, ended_at=snap.ended_at, last_output_at=snap.last_output_at,
         last_line=snap.last_line, exit_code=snap.exit_code, signal=snap.signal,
         sent=[(s.signal, s.purpose, s.reason) for s in snap.signals], step=snap.step,
-        total=snap.total, metrics=dict(snap.metrics))
+        total=snap.total, metrics=dict(snap.metrics), evidence=snap.progress_evidence)

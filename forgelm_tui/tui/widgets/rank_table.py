@@ -17,6 +17,7 @@ from rich.cells import cell_len, set_cell_size
 from rich.text import Text
 from textual.widgets import DataTable
 
+from forgelm_tui.engine.events import ProgressEvidence
 from forgelm_tui.tui.model import RankRow, RunModel
 
 LAST_LINE_CHARS = 40  # the log pane has the whole line; the table only a glimpse
@@ -88,6 +89,18 @@ def _clip_progress(text: str, width: int) -> str:
     if cell_len(core) <= width < cell_len(text) and width < cell_len(core) + 3:
         return core
     return _clip(text, width)
+
+
+def progress_cell(row: RankRow) -> Cell:
+    """A rank's steps; for a rank that reports none, what its progress is judged by, dimmed:
+    ``output`` (it prints) or ``cpu`` (only its CPU time; docs/progress.md). A rank that
+    reports steps shows them alone: only a step or a heartbeat is its progress."""
+    text = row.progress_text()
+    if row.evidence is None or row.evidence is ProgressEvidence.STEPS:
+        return (text, "")
+    if not text:
+        return (row.evidence.value, "dim")
+    return (f"{text} · {row.evidence.value}", "")
 
 
 def _text(cell: Cell) -> Text:
@@ -170,7 +183,7 @@ class RankTable(DataTable[Text]):
             "children": (str(row.children) if active else "-", ""),
             "uptime": (human_seconds(model.uptime(row)), ""),
             "age": (human_seconds(model.output_age(row)), ""),
-            "progress": (row.progress_text(), ""),
+            "progress": progress_cell(row),
             "exit": (row.exit_text(), style),
             "signal": (row.signal_text(), "red" if row.signal else "magenta"),
             "last": (row.last_line[: LAST_LINE_CHARS * 2], ""),

@@ -1,0 +1,168 @@
+"""The rank helpers' callbacks say "still alive" while a Trainer evaluates and saves, and the
+graceful runner gives every HF Trainer that callback (ForgeLM unchanged).
+
+Real HF and Lightning Trainers train a tiny random model in this process (single process, CPU,
+nothing downloaded); a recording channel notes every message and the hook that sent it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import pytest
+from conftest import rank_script
+
+from forgelm_tui.channel import CHANNEL_ENV, MessageKind
+from forgelm_tui.rank.channel import Channel, Heartbeats
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class Recorder(Channel):
+    """A channel that keeps what it is asked to send: (kind, hook, step)."""
+
+    def __init__(self) -> None:
+        super().__init__(address="")
+        self.sent: list[tuple[MessageKind, str | None, int | None]] = []
+
+    def send(self, kind: MessageKind, **fields: Any) -> None:
+        frame: FrameType | None = sys._getframe(1)
+        while frame is not None and not frame.f_code.co_name.startswith("on_"):
+            frame = frame.f_back
+        self.sent.append((kind, frame.f_code.co_name if frame else None, fields.get("step")))
+
+    def beats(self) -> list[str | None]:
+        return [hook for kind, hook, _ in self.sent if kind is MessageKind.HEARTBEAT]
+
+    def steps(self) -> list[int | None]:
+        return [step for kind, _, step in self.sent if kind is MessageKind.PROGRESS]
+
+    def index(self, kind: MessageKind, hook: str, after: int = 0) -> int:
+        return next(i for i, (k, h, _) in enumerate(self.sent) if i >= after and k is kind
+                    and h == hook)
+
+
+def test_heartbeats_from_hooks_that_run_often_are_throttled() -> None:
+    recorder = Recorder()
+    beats = Heartbeats(recorder, every=60.0)
+    beats.beat()
+    beats.beat()
+    beats.beat(force=True)
+    assert len(recorder.sent) == 2
+
+
+def _tokens(count: int) -> Any:
+    import torch
+
+    class Tokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
+        def __init__(self) -> None:
+            self.ids = torch.randint(0, 32, (count, 8), generator=torch.Generator().manual_seed(0))
+
+        def __len__(self) -> int:
+            return count
+
+        def __getitem__(self, index: int) -> dict[str, Any]:
+            return {"input_ids": self.ids[index], "labels": self.ids[index]}
+
+    return Tokens()
+
+
+def test_hf_callback_reports_steps_and_beats_at_evaluation_and_save(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+    from forgelm_tui.rank.hf import ProgressReportCallback, StopTogetherCallback
+
+    recorder = Recorder()
+    config = GPT2Config(vocab_size=32, n_positions=8, n_embd=8, n_layer=1, n_head=2,
+                        bos_token_id=0, eos_token_id=0)
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"), max_steps=4, per_device_train_batch_size=2,
+        per_device_eval_batch_size=2, eval_strategy="steps", eval_steps=2, save_strategy="steps",
+        save_steps=2, report_to="none", use_cpu=True, disable_tqdm=True, logging_steps=1)
+    callback = ProgressReportCallback(channel=recorder, heartbeat_every=0.0)
+    trainer = Trainer(model=GPT2LMHeadModel(config), args=args, train_dataset=_tokens(16),
+                      eval_dataset=_tokens(6), callbacks=[callback])
+    trainer.train()
+    assert recorder.steps()[:1] == [0] and max(s or 0 for s in recorder.steps()) == 4
+    beats = recorder.beats()
+    assert beats[0] == "on_init_end"  # before any evaluation: this rank reports on the channel
+    assert {"on_prediction_step", "on_evaluate", "on_save", "on_train_end"} <= set(beats)
+    assert beats.count("on_prediction_step") == 2 * 3  # two evaluations of three batches
+    # The evaluation and the save after step 2 come before step 3 is reported.
+    after_2 = recorder.steps().index(2)
+    step_3 = next(i for i, (k, _, s) in enumerate(recorder.sent)
+                  if k is MessageKind.PROGRESS and s == 3)
+    between = {h for k, h, _ in recorder.sent[after_2:step_3] if k is MessageKind.HEARTBEAT}
+    assert {"on_evaluate", "on_save"} <= between, recorder.sent
+    assert isinstance(StopTogetherCallback(), ProgressReportCallback)
+
+
+def test_lightning_callback_beats_at_validation_and_checkpoint(tmp_path: Path) -> None:
+    pytest.importorskip("lightning")
+    import lightning.pytorch as pl
+    import torch
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from forgelm_tui.rank.lightning import ProgressReportCallback, StopTogetherCallback
+
+    class Model(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch: Any, index: int) -> Any:
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.layer(x), y)
+
+        def validation_step(self, batch: Any, index: int) -> None:
+            x, y = batch
+            self.log("val_loss", torch.nn.functional.mse_loss(self.layer(x), y))
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    generator = torch.Generator().manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(40, 4, generator=generator),
+                                          torch.randn(40, 1, generator=generator))
+    loader = torch.utils.data.DataLoader(data, batch_size=4)
+    recorder = Recorder()
+    checkpoints = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2, save_top_k=-1)
+    trainer = pl.Trainer(max_steps=4, val_check_interval=2, limit_val_batches=3,
+                         num_sanity_val_steps=0, accelerator="cpu", devices=1, logger=False,
+                         enable_progress_bar=False, enable_model_summary=False,
+                         callbacks=[checkpoints,
+                                    ProgressReportCallback(channel=recorder, heartbeat_every=0.0)])
+    trainer.fit(Model(), loader, loader)
+    assert recorder.steps()[0] == 0 and recorder.steps()[-1] == 4
+    beats = recorder.beats()
+    assert beats.count("on_validation_batch_end") == 2 * 3  # two validations of three batches
+    assert {"on_validation_end", "on_save_checkpoint", "on_train_end"} <= set(beats)
+    step_2 = recorder.steps().index(2)
+    assert recorder.index(MessageKind.HEARTBEAT, "on_validation_end", step_2) < next(
+        i for i, (k, _, s) in enumerate(recorder.sent) if k is MessageKind.PROGRESS and s == 3)
+    assert isinstance(StopTogetherCallback(), ProgressReportCallback)
+
+
+@pytest.mark.parametrize("channel", [True, False])
+def test_the_graceful_runner_gives_every_trainer_the_callback(tmp_path: Path,
+                                                              channel: bool) -> None:
+    """Only under forgelm-tui (a channel named), only once the program imports transformers."""
+    pytest.importorskip("transformers")
+    env = {k: v for k, v in os.environ.items() if k != CHANNEL_ENV}
+    if channel:
+        env[CHANNEL_ENV] = "@forgelm-tui-test-nobody-listens"
+    proc = subprocess.run([sys.executable, "-m", "forgelm_tui.rank.graceful",
+                           rank_script("trainer_probe.py"), str(tmp_path / "out")],
+                          env=env, capture_output=True, text=True, timeout=100)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    probe = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert probe["imported_before"] is False  # the program keeps its own import order
+    assert probe["source_readable"] is True
+    assert ("ProgressReportCallback" in probe["callbacks"]) is channel
