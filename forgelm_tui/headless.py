@@ -109,6 +109,7 @@ class HeadlessView:
         self._output_age: dict[int, float] = {}
         self._last_countdown: int | None = None
         self._nodes: dict[int, ev.NodeState] = {}
+        self._evidence: dict[int, ev.ProgressEvidence | None] = {}
         self._remote: dict[int, RankState] = {}
 
     def note(self, message: str) -> None:
@@ -140,9 +141,10 @@ class HeadlessView:
                 self._countdown(left, live)
             case ev.RankSampled(rank=rank, output_age=age):
                 self._output_age[rank] = age
+            case ev.RankEvidenceChanged(rank=rank, evidence=evidence):
+                self._evidence[rank] = evidence
             case ev.RankStateChanged(rank=rank, state=RankState.QUIET):
-                age = self._output_age.get(rank, 0.0)
-                self.note(f"rank {rank} is quiet (no output for {age:.0f} s, no CPU use)")
+                self.note(f"rank {rank} is quiet ({self._quiet_why(rank)})")
             case ev.RunStalled(seconds=seconds, ranks=ranks):
                 self.note(f"stalled: no progress from rank(s) {_ranks(ranks)} for {seconds:g} s")
             case ev.RankReportedStop(rank=rank, signal=sig, foreign=True, step=step):
@@ -157,6 +159,16 @@ class HeadlessView:
                 self._node(event)
             case _:
                 pass
+
+    def _quiet_why(self, rank: int) -> str:
+        """What it has not done lately, by the kind of progress that counts for it."""
+        evidence = self._evidence.get(rank)
+        if evidence is ev.ProgressEvidence.STEPS:
+            return "no new step and no heartbeat lately"
+        age = self._output_age.get(rank, 0.0)
+        if evidence is ev.ProgressEvidence.OUTPUT:
+            return f"no output for {age:.0f} s"
+        return f"no output for {age:.0f} s, no CPU use"
 
     def _node(self, event: ev.NodeChanged) -> None:
         """Another node: a line when it changes state, and when one of its ranks does."""

@@ -309,6 +309,8 @@ class RunSnapshot:
     stop: RunStopping | None = None
     finished_at: float | None = None
     verdict: VerdictReached | None = None
+    node_rank: int = 0  # multi-node: this node; other nodes' ranks follow as NodeChanged
+    nnodes: int = 1
 
 
 class NodeState(StrEnum):

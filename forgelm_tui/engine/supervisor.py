@@ -84,7 +84,7 @@ class Supervisor:
         return ev.RunSnapshot(
             self.spec.run_id, self.spec.world_size, self.spec.argv, str(self.spec.run_dir),
             self.started_at, tuple(r.snapshot() for r in self.records.values()), stop,
-            self.ended_at)
+            self.ended_at, node_rank=self.spec.node_rank, nnodes=self.spec.nnodes)
 
     # ----------------------------------------------------------------- events out
 

@@ -316,6 +316,7 @@ class RunModel:
     def restore(self, snapshot: ev.RunSnapshot) -> None:
         """Start from a snapshot: what a viewer that saw every event up to it would show."""
         self.world_size, self.started_at = snapshot.world_size, snapshot.started_at or 0.0
+        self.node_rank, self.nnodes = snapshot.node_rank, snapshot.nnodes
         self.ranks = {r.rank: _row(r) for r in snapshot.ranks}
         self.state = "running" if snapshot.started_at is not None else "starting"
         if snapshot.stop is not None:
