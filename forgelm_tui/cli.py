@@ -33,7 +33,7 @@ def entry() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if args[:1] in (["attach"], ["ls"]):
+    if args[:1] in (["attach"], ["ls"], ["serve"]):
         return viewer_command(args)
     planner = Planner(args, new_run_id())
     try:
@@ -52,7 +52,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def viewer_command(args: list[str]) -> int:
-    """`attach [RUN_DIR | RUN_ID] [--read-only]` and `ls`: they watch runs, never start one."""
+    """`attach [RUN_DIR | RUN_ID]`, `serve [RUN_DIR | RUN_ID]` and `ls`: they watch runs, never
+    start one."""
     import argparse
 
     from forgelm_tui.options import UsageError, viewer_parser
@@ -70,6 +71,11 @@ def viewer_command(args: list[str]) -> int:
         sys.stdout.write(ls_text())
         return 0
     assert isinstance(ns, argparse.Namespace)
+    if args[0] == "serve":
+        from forgelm_tui.control.serve import execute_serve
+
+        return execute_serve(ns.run, ns.host, ns.port, ns.allow_remote, stderr_line,
+                             ns.read_only)
     from forgelm_tui.tui.attach import execute_attach
 
-    return execute_attach(ns.run, ns.read_only, stderr_line)
+    return execute_attach(ns.run, ns.read_only, stderr_line, ns.via)

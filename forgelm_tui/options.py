@@ -257,10 +257,12 @@ def check_port(addr: str, port_text: str | None) -> int:
 
 
 def viewer_parser(command: str) -> argparse.ArgumentParser:
-    """`forgelm-tui attach` and `forgelm-tui ls`."""
+    """`forgelm-tui attach`, `forgelm-tui serve` and `forgelm-tui ls`."""
     if command == "ls":
         return _Parser(prog="forgelm-tui ls", description="List the runs forgelm-tui knows: "
                        "live ones (the per-user registry) and those under ./forgelm-tui-runs.")
+    if command == "serve":
+        return _serve_parser()
     parser = _Parser(prog="forgelm-tui attach",
                      description="The TUI on a running run (started anywhere, --no-tui too): "
                                  "d detaches, the run goes on; q after its end quits with its "
@@ -269,4 +271,37 @@ def viewer_parser(command: str) -> argparse.ArgumentParser:
                         help="the run (default: the newest live one)")
     parser.add_argument("--read-only", action="store_true",
                         help="watch only: cancel, kill and forward are refused")
+    parser.add_argument("--via", choices=("terminal", "browser"), default="terminal",
+                        help="how the operator reaches this viewer, recorded with each command "
+                             "(forgelm-tui serve passes browser)")
     return parser
+
+
+def _serve_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="forgelm-tui serve",
+                     description="The attach viewer of a running run in a web browser "
+                                 "(textual-serve), behind a random access token. Closing the "
+                                 "tab detaches; the run goes on. Ctrl+C stops serving.")
+    parser.add_argument("run", nargs="?", default=None, metavar="RUN_DIR | RUN_ID",
+                        help="the run (default: the newest live one)")
+    parser.add_argument("--port", type=_port, default=0, metavar="P",
+                        help="the port to listen on (default: a free one)")
+    parser.add_argument("--host", default="127.0.0.1", metavar="H",
+                        help="the address to listen on (default 127.0.0.1; any other than "
+                             "loopback needs --allow-remote)")
+    parser.add_argument("--allow-remote", action="store_true",
+                        help="allow a non-loopback --host: anyone who can reach it and has "
+                             "the URL (its token) can cancel the run")
+    parser.add_argument("--read-only", action="store_true",
+                        help="the tabs watch only: cancel, kill and forward are refused")
+    return parser
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= port < 65536:
+        raise argparse.ArgumentTypeError(f"{port} is not in 0..65535")
+    return port

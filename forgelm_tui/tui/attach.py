@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
 import signal
 import threading
@@ -13,7 +14,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rich.text import Text
+from textual.app import App, ComposeResult
 from textual.binding import Binding
+from textual.widgets import Static
 
 from forgelm_tui.control.client import ControlClient, ControlError
 from forgelm_tui.ending import RunEnding
@@ -32,9 +36,11 @@ class Detached(Exception):
 class AttachedRun:
     """A RunHandle (tui/handle.py) on a control socket."""
 
-    def __init__(self, client: ControlClient, read_only: bool = False) -> None:
+    def __init__(self, client: ControlClient, read_only: bool = False,
+                 via: str = "terminal") -> None:
         self.client = client
         self.read_only = read_only
+        self.via = via  # how the operator reaches this viewer: recorded with each command
         first = client.next_item()
         if not isinstance(first, ev.RunSnapshot):
             raise ControlError("the run sent no snapshot")
@@ -70,16 +76,16 @@ class AttachedRun:
             return "merged"
         if self.read_only:
             return "merged"
-        self.client.send("cancel")
+        self.client.send("cancel", via=self.via)
         return "stop"
 
     def kill_now(self, origin: str = "operator") -> None:
         if not self.read_only:
-            self.client.send("kill")
+            self.client.send("kill", via=self.via)
 
     def forward(self, sig: int) -> None:
         if not self.read_only:
-            self.client.send("forward", signal=signal_name(sig))
+            self.client.send("forward", via=self.via, signal=signal_name(sig))
 
     def cancelled_by_signal(self) -> bool:
         return False
@@ -160,7 +166,9 @@ def log_history(snapshot: ev.RunSnapshot) -> list[ev.RankOutput]:
 
 
 class AttachApp(SupervisorApp):
+    # The whole list, not only d: the key line and the help screen are built from BINDINGS.
     BINDINGS = [
+        *SupervisorApp.BINDINGS,
         Binding("d", "detach", "Detach", tooltip="leave this viewer; the run goes on"),
     ]
 
@@ -181,6 +189,15 @@ class AttachApp(SupervisorApp):
             return
         super().action_quit_run()
 
+    def action_save_envelope(self) -> None:
+        """In a browser (forgelm-tui serve) `s` is a real download: the envelope file's exact
+        bytes, delivered through textual-serve; in a terminal, a file as in the launching TUI."""
+        if not self.is_web or self.ending is None or not self.ending.envelope_path:
+            super().action_save_envelope()
+            return
+        self.saved_to = deliver_envelope(self, Path(self.ending.envelope_path),
+                                         self.run_handle.run_id)
+
     async def _run(self) -> None:
         try:
             await super()._run()
@@ -190,7 +207,44 @@ class AttachApp(SupervisorApp):
             self.notify(f"lost the run: {exc}", severity="error", timeout=10)
 
 
-def execute_attach(target: str | None, read_only: bool, say: Callable[[str], None]) -> int:
+def deliver_envelope(app: App[Any], path: Path, run_id: str) -> str:
+    """The envelope file's exact bytes as a browser download (textual-serve's deliver)."""
+    filename = f"forgelm-tui-envelope-{run_id}.json"
+    app.deliver_binary(io.BytesIO(path.read_bytes()), save_filename=filename,
+                       mime_type="application/json")
+    app.notify(f"Envelope sent to the browser as a download: {filename}")
+    return filename
+
+
+class EndedApp(App[int]):
+    """A browser tab opened on a run that has ended: its verdict, and `s` for its envelope."""
+
+    CSS = "Static { padding: 1 2; }"
+    BINDINGS = [
+        Binding("s", "save_envelope", "Download the envelope"),
+        Binding("q", "quit_run", "Quit"),
+    ]
+
+    def __init__(self, run_id: str, verdict: str, envelope: Path, code: int) -> None:
+        super().__init__()
+        self.run_id, self.verdict, self.envelope, self.code = run_id, verdict, envelope, code
+
+    def compose(self) -> ComposeResult:
+        yield Static(Text.assemble(("forgelm-tui", "bold"), "  ", ("FINISHED", "bold"),
+                                   f"  ·  run {self.run_id}\n\n{self.verdict}\n\n"
+                                   f"envelope: {self.envelope}\n\n",
+                                   ("s", "bold"), " download the envelope  ",
+                                   ("q", "bold"), " quit"))
+
+    def action_save_envelope(self) -> None:
+        deliver_envelope(self, self.envelope, self.run_id)
+
+    def action_quit_run(self) -> None:
+        self.exit(self.code)
+
+
+def execute_attach(target: str | None, read_only: bool, say: Callable[[str], None],
+                   via: str = "terminal") -> int:
     """Find the run, attach, and return: the run's code after `q`, 0 after a detach, 1 when
     there is no run to attach to (one line; no run dir, no envelope)."""
     from forgelm_tui.control.find import NotFound, find_run
@@ -206,13 +260,16 @@ def execute_attach(target: str | None, read_only: bool, say: Callable[[str], Non
         if envelope is None:
             say(f"forgelm-tui attach: {run.run_id}: the run is gone and left no envelope")
             return 1
-        say(f"forgelm-tui: run {run.run_id} has ended: exit {envelope['exit_code']} "
-            f"{envelope['exit_name']} ({envelope['decided_by']['explanation']}); envelope: "
-            f"{run.run_dir / 'envelope.json'}")
-        return int(envelope["exit_code"])
+        verdict = (f"exit {envelope['exit_code']} {envelope['exit_name']} "
+                   f"({envelope['decided_by']['explanation']})")
+        path, ended = run.run_dir / "envelope.json", int(envelope["exit_code"])
+        if via == "browser":  # a tab opened after the end: the verdict and the download
+            return EndedApp(run.run_id, verdict, path, ended).run() or ended
+        say(f"forgelm-tui: run {run.run_id} has ended: {verdict}; envelope: {path}")
+        return ended
     try:
         assert run.socket is not None
-        handle = AttachedRun(ControlClient(run.socket), read_only)
+        handle = AttachedRun(ControlClient(run.socket), read_only, via)
     except ControlError as exc:
         say(f"forgelm-tui attach: {exc}")
         return 1
