@@ -9,6 +9,7 @@ supervisor loses nothing that matters). Imported by both sides: stdlib only.
 from __future__ import annotations
 
 import json
+import signal
 import time
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -17,6 +18,13 @@ from typing import Any
 CHANNEL_ENV = "FORGELM_TUI_CHANNEL"
 VERSION = 1
 MAX_DATAGRAM = 8192
+# Where a rank is stuck (docs/channel.md): the supervisor reserves one real-time signal, names it
+# to the ranks in STACKS_ENV (a supervisor that does not set it never receives a stacks_handler
+# message), and sends it only to a rank that announced faulthandler on it: a real-time signal's
+# default action ends the process. Not SIGRTMIN itself nor the first two after it (old
+# LinuxThreads and some runtimes took those); never a forwarded signal (--forward-signals).
+STACKS_SIGNAL = int(getattr(signal, "SIGRTMIN", 34)) + 3
+STACKS_ENV = "FORGELM_TUI_STACKS_SIGNAL"
 
 
 class MessageKind(StrEnum):
@@ -24,6 +32,7 @@ class MessageKind(StrEnum):
     HEARTBEAT = "heartbeat"  # alive though silent
     STOP_REQUESTED = "stop_requested"  # a stop signal reached the rank (signal, via)
     STOPPED = "stopped"  # the rank left its loop at an agreed step (step, signal)
+    STACKS_HANDLER = "stacks_handler"  # faulthandler dumps every thread on ``signum`` to ``file``
     OTHER = "other"  # a kind this version does not know (a newer helper): still a heartbeat
 
 
@@ -38,6 +47,15 @@ class Message:
     total: int | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     signal: str | None = None
+    signum: int | None = None  # stacks_handler: the signal, the rank's pid, its main thread's
+    pid: int | None = None  # ident (as faulthandler prints it) and the file it writes to
+    thread: int | None = None
+    file: str | None = None
+
+
+def stacks_file_name(rank: int) -> str:
+    """A rank's stacks in the run dir: the supervisor's and the rank's side agree on it."""
+    return f"rank-{rank}.stacks.txt"
 
 
 def channel_name(run_id: str, token: str) -> str:
@@ -77,6 +95,10 @@ def decode(data: bytes) -> Message | None:
         metrics={str(k): float(v) for k, v in metrics.items() if _number(v) is not None}
         if isinstance(metrics, dict) else {},
         signal=raw["signal"] if isinstance(raw.get("signal"), str) else None,
+        signum=_int(raw.get("signum")),
+        pid=_int(raw.get("pid")),
+        thread=_int(raw.get("thread")),
+        file=raw["file"] if isinstance(raw.get("file"), str) else None,
     )
 
 

@@ -118,6 +118,7 @@ def rank_dict(
         }
         if record.progress_source
         else None,
+        **_stacks(record),
         "stopped_at_step": record.stopped_step,
         "reported_signal": record.reported_signal,
         "stopped_from_outside": record.foreign_stop,
@@ -125,6 +126,17 @@ def rank_dict(
         "stderr_tail": list(record.stderr_tail)[-ERROR_TAIL_LINES:] if failed else None,
         "error": _error_file(record.error_file) if failed else None,
         "forgelm_result": result,
+    }
+
+
+def _stacks(record: RankRecord) -> dict[str, Any]:
+    """Where the rank was stuck at the last capture of its stacks (docs/progress.md)."""
+    stacks = record.stacks
+    return {
+        "stuck_at": stacks.stuck_at if stacks else None,
+        "stacks_file": stacks.file if stacks else None,
+        "stacks_via": stacks.via if stacks else None,
+        "stacks_note": stacks.note if stacks else None,
     }
 
 
@@ -170,6 +182,7 @@ def build(
             "grace_s": info.grace,
             "killed_at": iso(stop.killed_at),
             "signal": _sig_name(stop.signal),
+            "stacks_delay_s": None if stop.stacks_delay is None else round(stop.stacks_delay, 3),
         }
         if stop
         else None,

@@ -126,6 +126,8 @@ class HeadlessView:
                 self.note(f"rank {rank} started (pid {pid})")
             case ev.RankExited(rank=rank, exit_code=code, signal=sig):
                 self.note(f"rank {rank} {_ending(code, sig)}")
+            case ev.RankSignalled(purpose=ev.Purpose.STACKS):
+                pass  # the stacks lines follow
             case ev.RankSignalled(rank=rank, signal=sig, purpose=purpose, reason=reason):
                 self.note(f"rank {rank} <- {signal_name(sig)} ({purpose.value}: {reason})")
             case ev.RunStopping(reason=reason, grace=grace, live_ranks=live):
@@ -155,6 +157,9 @@ class HeadlessView:
                 self.note(f"{signal_name(sig)} forwarded to rank(s) {_ranks(ranks)}")
             case ev.RunEscalated(reason=reason):
                 self.note(f"escalated: {reason}; SIGKILL to every rank still running")
+            case ev.StacksCaptured():
+                for line in stacks_lines(event):
+                    self.note(line)
             case ev.NodeChanged():
                 self._node(event)
             case _:
@@ -203,6 +208,24 @@ class HeadlessView:
         remote: Sequence[dict[str, Any]] = (),
     ) -> None:
         self._sink.write(summary_text(records, verdict, envelope_path, remote))
+
+
+def stacks_lines(event: ev.StacksCaptured) -> list[str]:
+    """Where each rank was stuck: one line each, its main thread's innermost frame."""
+    files = [r.file for r in event.ranks if r.file]
+    where = f"; every thread in {os.path.dirname(files[0])}/rank-N.stacks.txt" if files else ""
+    lines = [f"stacks of rank(s) {_ranks(r.rank for r in event.ranks)} ({event.reason}, "
+             f"{event.seconds:.2f} s){where}"]
+    for stacks in event.ranks:
+        if stacks.stuck_at is not None:
+            lines.append(f"rank {stacks.rank} stuck at {stacks.stuck_at}"
+                         + (f" ({stacks.note})" if stacks.note else ""))
+        elif stacks.file is not None:
+            lines.append(f"rank {stacks.rank}: no Python frame in its main thread "
+                         f"(see {stacks.file})")
+        else:
+            lines.append(f"rank {stacks.rank}: no stacks ({stacks.note})")
+    return lines
 
 
 def _ranks(ranks: Iterable[int]) -> str:

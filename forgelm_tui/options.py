@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from forgelm_tui import __version__
+from forgelm_tui.channel import STACKS_SIGNAL
 from forgelm_tui.signames import signal_name, signal_number
 
 FORGELM_MODULES = ("forgelm", "forgelm.cli")
@@ -216,6 +217,9 @@ def parse_signals(text: str) -> tuple[int, ...]:
         if sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGKILL, signal.SIGSTOP):
             raise UsageError(f"--forward-signals: {signal_name(sig)} stops the run; it cannot "
                              "be forwarded")
+        if sig == STACKS_SIGNAL:
+            raise UsageError(f"--forward-signals: {signal_name(sig)} is reserved for capturing "
+                             "the ranks' stacks; it cannot be forwarded")
         result.append(sig)
     return tuple(result)
 

@@ -51,6 +51,8 @@ class Effects:
     sent: list[tuple[int, int, Purpose, str, float]] = field(default_factory=list)
     events: list[ev.Event] = field(default_factory=list)
     clock: FakeClock | None = None
+    hold_stacks: bool = False  # keep capture requests pending (else each is done at once)
+    captures: list[tuple[tuple[int, ...], str, Callable[[], None]]] = field(default_factory=list)
 
     def signal_ranks(self, ranks: Sequence[RankRecord], sig: int, purpose: Purpose,
                      reason: str) -> Sequence[RankRecord]:
@@ -65,6 +67,12 @@ class Effects:
 
     def emit(self, event: ev.Event) -> None:
         self.events.append(event)
+
+    def capture_stacks(self, ranks: Sequence[RankRecord], reason: str,
+                       done: Callable[[], None]) -> None:
+        self.captures.append((tuple(r.rank for r in ranks), reason, done))
+        if not self.hold_stacks:
+            done()
 
     def signals(self, sig: int) -> list[int]:
         return [rank for rank, s, *_ in self.sent if s == sig]

@@ -41,6 +41,7 @@ class Purpose(StrEnum):
     KILL = "kill"  # SIGKILL at the grace deadline or on an escalation
     FORWARD = "forward"  # passed on without stopping anything (SIGUSR1 / SIGUSR2)
     CLEANUP = "cleanup"  # SIGKILL to processes left in the rank's group after it exited
+    STACKS = "stacks"  # the reserved signal: the rank's faulthandler writes its stacks
 
     @property
     def stops(self) -> bool:
@@ -220,6 +221,28 @@ class RunStalled:
 
 
 @dataclass(frozen=True)
+class RankStacks:
+    """Where one rank was stuck: its main thread's innermost frame (``file:line function``),
+    the file with every thread's stack, how they were read, or why there is none."""
+
+    rank: int
+    stuck_at: str | None
+    file: str | None
+    via: str | None  # "faulthandler" (the rank's own handler) or "py-spy"; None: no stacks
+    note: str | None = None
+
+
+@dataclass(frozen=True)
+class StacksCaptured:
+    """Every live rank's stacks were captured (before a stall stop, or on request)."""
+
+    reason: str
+    ranks: tuple[RankStacks, ...]
+    at: float  # when the capture began
+    seconds: float  # how long it took (at most the deadline)
+
+
+@dataclass(frozen=True)
 class SignalForwarded:
     signal: int
     ranks: tuple[int, ...]
@@ -346,6 +369,7 @@ Event = (
     | RunEscalated
     | StopCountdown
     | RunStalled
+    | StacksCaptured
     | SignalForwarded
     | RankProgressed
     | RankEvidenceChanged

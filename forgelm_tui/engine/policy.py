@@ -7,8 +7,10 @@ touched here, so every rule is tested in-process without a real wait (tests/test
 Rules (SPEC §4): a rank that fails on its own, or dies of a forwarded signal, stops every rank
 at once; a cancel stops them, and a *distinct* second cancel escalates to SIGKILL (one cause seen
 twice is one request); when rank 0 ends with an outcome code the others get the drain window;
-with a stall timeout, no progress from any rank for that long stops the run. A stop is SIGTERM
-to every live rank in one pass and one shared deadline, the grace, then SIGKILL.
+with a stall timeout, no progress from any rank for that long stops the run, once every live
+rank's stacks are captured (where each was stuck) or the capture's deadline passed, whichever
+comes first. A stop is SIGTERM to every live rank in one pass and one shared deadline, the
+grace, then SIGKILL.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.events import Purpose
@@ -59,6 +61,8 @@ class StopEffects(Protocol):
                      reason: str) -> Sequence[RankRecord]: ...
     def rank_changed(self, record: RankRecord) -> None: ...
     def emit(self, event: ev.Event) -> None: ...
+    def capture_stacks(self, ranks: Sequence[RankRecord], reason: str,
+                       done: Callable[[], None]) -> None: ...  # ``done`` once captured
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,7 @@ class PolicySettings:
     stall_timeout: float | None = None
     quiet_after: float = 10.0
     node_rank: int = 0
+    stacks_deadline: float = 2.0  # a stall stop waits at most this long for the stacks
 
 
 class StopPolicy:
@@ -84,6 +89,8 @@ class StopPolicy:
         self.stop: StopRecord | None = None
         self.cancels: list[CancelRequest] = []
         self._causes: set[str] = set()
+        self._after_stacks: dict[str, Any] | None = None  # the stop that waits for the stacks
+        self._stacks_began = 0.0
 
     def live(self) -> list[RankRecord]:
         return [r for r in self.records.values() if r.alive]
@@ -128,10 +135,13 @@ class StopPolicy:
         peer_age = self.peers.progress_age(now)  # a rank on another node progressing: no stall
         if min(ages + ([] if peer_age is None else [peer_age])) < timeout:
             return
+        if self._after_stacks is not None:
+            return  # declared already: its stacks are being captured
         for record in live:
             record.stalled = True
         self.effects.emit(ev.RunStalled(timeout, tuple(r.rank for r in live)))
-        self.begin(StopKind.STALL, f"stalled: no rank made progress for {timeout:g} s", "stall")
+        self.stop_after_stacks(StopKind.STALL, f"stalled: no rank made progress for "
+                               f"{timeout:g} s", "stall")
 
     # ------------------------------------------------------------------ commands
 
@@ -180,7 +190,7 @@ class StopPolicy:
     def begin(self, kind: StopKind, reason: str, origin: str, sig: int | None = None, *,
               grace: float | None = None, origin_rank: int | None = None,
               origin_node: int | None = None, lost_node: int | None = None,
-              source: str | None = None) -> None:
+              source: str | None = None, stacks_delay: float | None = None) -> None:
         """Stop every live rank: SIGTERM in one pass, SIGKILL at the grace deadline. Another
         node's stop record arrives here too, with its grace and origin (SPEC §8)."""
         if self.stop is not None:
@@ -189,7 +199,7 @@ class StopPolicy:
         node = self.settings.node_rank if origin_node is None else origin_node
         self.stop = StopRecord(kind, reason, origin, sig, self.wall(), self.clock() + grace,
                                grace=grace, origin_rank=origin_rank, origin_node=node,
-                               lost_node=lost_node, source=source)
+                               lost_node=lost_node, source=source, stacks_delay=stacks_delay)
         self.timers.cancel("drain")
         live = self.live()
         self.effects.signal_ranks(live, signal.SIGTERM, Purpose.STOP, reason)
@@ -198,6 +208,43 @@ class StopPolicy:
         if live:
             self.timers.start("kill", grace, lambda: self.kill_pass(f"grace of {grace:g} s ended"))
             self.timers.start("countdown", 1.0, self._countdown)
+
+    def adopt(self, stop: StopRecord) -> None:
+        """Another node's stop record (SPEC §8): this node's ranks stop the same way, with the
+        record's grace and origin; after a stall, once this node's stacks are in too."""
+        how: dict[str, Any] = {"sig": stop.signal, "grace": stop.grace,
+                               "origin_rank": stop.origin_rank, "source": stop.source,
+                               "origin_node": stop.origin_node, "lost_node": stop.lost_node}
+        if stop.kind is StopKind.STALL:
+            self.stop_after_stacks(stop.kind, stop.reason, stop.origin, **how)
+        else:
+            self.begin(stop.kind, stop.reason, stop.origin, **how)
+
+    def stop_after_stacks(self, kind: StopKind, reason: str, origin: str,
+                          **begin: Any) -> None:
+        """A stall: first every live rank's stacks (where each is stuck), then the stop, as
+        :meth:`begin` makes it. The capture runs outside (``capture_stacks``); the stop begins
+        when it is done or at ``stacks_deadline``, whichever is first. Another node's stall
+        record arriving meanwhile replaces this one (it is the agreed one) and waits too."""
+        if self.stop is not None:
+            return
+        pending = self._after_stacks
+        self._after_stacks = {"kind": kind, "reason": reason, "origin": origin, **begin}
+        if pending is not None:
+            return  # a capture is under way: this stop waits for it
+        live = self.live()
+        self._stacks_began = self.clock()
+        if not live or self.settings.stacks_deadline <= 0:
+            self._stacks_done()
+            return
+        self.timers.start("stacks", self.settings.stacks_deadline, self._stacks_done)
+        self.effects.capture_stacks(live, kind.value, self._stacks_done)
+
+    def _stacks_done(self) -> None:
+        self.timers.cancel("stacks")
+        pending, self._after_stacks = self._after_stacks, None
+        if pending is not None:
+            self.begin(**pending, stacks_delay=self.clock() - self._stacks_began)
 
     def kill_pass(self, reason: str) -> None:
         self.timers.cancel("kill")

@@ -23,7 +23,7 @@ from forgelm_tui.engine.progress_lines import (
     parse_loss,
     raw_lines_with,
 )
-from forgelm_tui.engine.records import Evidence, RankRecord
+from forgelm_tui.engine.records import Evidence, RankRecord, StacksHandler
 
 MAX_BAR_LINES = 64  # bar lines read per chunk, newest first (tqdm redraws in place: few)
 
@@ -75,6 +75,9 @@ class ProgressReader:
         return None if training is None else (training.step, training.total)
 
     def read_message(self, record: RankRecord, message: Message) -> None:
+        if message.kind is MessageKind.STACKS_HANDLER:
+            self._stacks_handler(record, message)
+            return  # no progress, no heartbeat: a runtime's announcement (its bars still count)
         now = time.monotonic()
         record.channel_seen = True
         match message.kind:
@@ -98,6 +101,12 @@ class ProgressReader:
                                                record.foreign_stop, record.stopped_step))
             case MessageKind.HEARTBEAT | MessageKind.OTHER:
                 record.saw(Evidence.HEARTBEAT, now)  # the main thread said it is alive
+
+    @staticmethod
+    def _stacks_handler(record: RankRecord, message: Message) -> None:
+        """Only the rank's own process counts (a child with the same RANK is not signalled)."""
+        if message.pid == record.pid and message.signum is not None and message.file:
+            record.stacks_handler = StacksHandler(message.signum, message.thread, message.file)
 
     def reported_stop(self, record: RankRecord, signal_name: str, step: int | None) -> None:
         """A rank received a stop signal; foreign unless the supervisor had sent one."""

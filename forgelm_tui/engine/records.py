@@ -16,6 +16,7 @@ from forgelm_tui.engine.events import (
     ProgressSource,
     Purpose,
     RankSnapshot,
+    RankStacks,
     RankState,
     SignalSent,
 )
@@ -47,6 +48,16 @@ _LEVEL = {Evidence.STEP: ProgressEvidence.STEPS, Evidence.OUTPUT: ProgressEviden
           Evidence.CPU: ProgressEvidence.CPU}
 _STRENGTH = {None: 0, ProgressEvidence.CPU: 1, ProgressEvidence.OUTPUT: 2,
              ProgressEvidence.STEPS: 3}
+
+
+@dataclass(frozen=True)
+class StacksHandler:
+    """A rank announced faulthandler on ``signum``, writing every thread's stack to ``file``;
+    ``thread`` is its main thread's ident, as faulthandler prints it (channel)."""
+
+    signum: int
+    thread: int | None
+    file: str
 
 
 @dataclass
@@ -93,6 +104,8 @@ class RankRecord:
     reported_mono: float | None = None
     foreign_stop: bool = False  # ...and forgelm-tui had not sent it one (envelope: *_from_outside)
     stopped_step: int | None = None  # the step at which it stopped on an agreement
+    stacks_handler: StacksHandler | None = None  # announced: it may get the stacks signal
+    stacks: RankStacks | None = None  # where it was stuck, at the last capture
 
     @property
     def alive(self) -> bool:
@@ -207,3 +220,4 @@ class StopRecord:
     origin_node: int = 0  # the node where it began (multi-node: another node's record)
     lost_node: int | None = None  # a node_lost stop: which node
     source: str | None = None  # a cancel's CancelSource value
+    stacks_delay: float | None = None  # a stall stop: how long it waited for the ranks' stacks

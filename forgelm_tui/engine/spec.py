@@ -27,6 +27,7 @@ class LaunchSpec:
     drain: float = 60.0  # after rank 0 ends with an outcome, how long the others may finish
     stall_timeout: float | None = None  # no progress from any rank this long -> stop
     quiet_after: float = 10.0  # a rank with no progress this long is marked quiet
+    stacks_deadline: float = 2.0  # a stall stop waits at most this long for the ranks' stacks
     sample_interval: float = 1.0
     forward_signals: tuple[int, ...] = (signal.SIGUSR1, signal.SIGUSR2)
     extra_env: Mapping[str, str] = field(default_factory=dict)

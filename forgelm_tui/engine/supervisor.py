@@ -14,7 +14,7 @@ import signal
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 
-from forgelm_tui.channel import CHANNEL_ENV, Message
+from forgelm_tui.channel import CHANNEL_ENV, STACKS_ENV, STACKS_SIGNAL, Message
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.channel import ChannelServer
 from forgelm_tui.engine.events import Purpose, RankState
@@ -27,11 +27,13 @@ from forgelm_tui.engine.records import CancelRequest, CancelSource, RankRecord, 
 from forgelm_tui.engine.sampler import Sample, SamplingLoop, apply_sample
 from forgelm_tui.engine.spawn import pipe_capacity
 from forgelm_tui.engine.spec import LaunchSpec, rank_env
+from forgelm_tui.engine.stacks import StackCapture, find_py_spy
 from forgelm_tui.engine.timers import LoopTimers
 from forgelm_tui.signames import signal_name
 
 Listener = Callable[[ev.Event], None]
 STOP_SIGNALS: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+STACKS_REQUEST = signal.SIGQUIT  # to the supervisor: every rank's stacks, the run goes on
 PIPE_EOF_WAIT = 2.0  # after the last rank ends, how long a stray holder may keep its pipes
 
 
@@ -54,6 +56,8 @@ class Supervisor:
         self._timers = LoopTimers()
         self._policy = StopPolicy(self.records, _settings(spec), self, self._timers, peers=peers)
         self._peers = self._policy.peers
+        self._stacks = StackCapture(spec.run_dir, self._signal_for_stacks, self.emit,
+                                    deadline=spec.stacks_deadline, py_spy=find_py_spy())
         self._launched = False
         self._ranks_gone = False
         self._local_done = False
@@ -145,6 +149,7 @@ class Supervisor:
             if handle_signals:
                 self._remove_signal_handlers(loop)
             self._timers.cancel_all()
+            self._stacks.close()
             self._sampling.stop()
             self._drain.close_all()
             if channel is not None:
@@ -172,7 +177,7 @@ class Supervisor:
         self._launched = True
         if self.stop is not None:
             return  # cancelled before the launch: no rank is started
-        extra = {CHANNEL_ENV: channel.name} if channel is not None else {}
+        extra = {CHANNEL_ENV: channel.name, STACKS_ENV: str(STACKS_SIGNAL)} if channel else {}
         pipe_size = pipe_capacity(self.spec.nproc_per_node)
         for record in self.records.values():
             env = {**rank_env(self.spec, record.local_rank, self._base_env), **extra}
@@ -254,9 +259,7 @@ class Supervisor:
         if stop.source == CancelSource.SIGNAL.value:
             self._policy.note_cause(OUTSIDE_SIGNAL)
         with self._signals_first():
-            self._policy.begin(stop.kind, stop.reason, stop.origin, stop.signal, grace=stop.grace,
-                               origin_rank=stop.origin_rank, origin_node=stop.origin_node,
-                               lost_node=stop.lost_node, source=stop.source)
+            self._policy.adopt(stop)  # a stall: this node's stacks first, as for its own
         self._check_finished()
 
     def apply_kill(self, reason: str) -> None:
@@ -270,14 +273,30 @@ class Supervisor:
         sent = self.signal_ranks(self._policy.live(), sig, Purpose.FORWARD, reason)
         self.emit(ev.SignalForwarded(sig, tuple(r.rank for r in sent), time.time()))
 
+    def request_stacks(self, origin: str = "operator") -> bool:
+        """Capture every live rank's stacks now (nothing stops); False while one is under way
+        (the result of that one comes) or when no rank is running."""
+        return self._stacks.start(self._policy.live(), f"requested by {origin}")
+
     # ----------------------------------------------------------------- effects (policy)
+
+    def capture_stacks(self, ranks: Sequence[RankRecord], reason: str,
+                       done: Callable[[], None]) -> None:
+        def then() -> None:
+            with self._signals_first():  # the stop's SIGTERMs before any view work
+                done()
+
+        self._stacks.start(ranks, reason, then)
+
+    def _signal_for_stacks(self, record: RankRecord, reason: str) -> bool:
+        return bool(self.signal_ranks([record], STACKS_SIGNAL, Purpose.STACKS, reason))
 
     def signal_ranks(self, ranks: Sequence[RankRecord], sig: int, purpose: Purpose,
                      reason: str) -> list[RankRecord]:
-        """Signal each rank (its group, or its main process for a forward); who got it."""
+        """Signal each rank (its group; its main process for a forward, stacks); who got it."""
         with self._signals_first():  # one pass: every rank is signalled before any event
             sent = [r for r in ranks
-                    if self._processes.signal(r, sig, group=purpose is not Purpose.FORWARD)]
+                    if self._processes.signal(r, sig, group=purpose.stops)]
             for record in sent:
                 self._record_signal(record, sig, purpose, reason)
         return sent
@@ -342,6 +361,9 @@ class Supervisor:
         for sig in STOP_SIGNALS:
             cause = HANG_UP if sig == signal.SIGHUP else None
             loop.add_signal_handler(sig, self._signalled, sig, cause)
+        if STACKS_REQUEST not in self.spec.forward_signals:  # forwarding it wins
+            loop.add_signal_handler(STACKS_REQUEST, self.request_stacks,
+                                    f"{signal_name(STACKS_REQUEST)} to the supervisor")
         for sig in self.spec.forward_signals:
             loop.add_signal_handler(sig, self.forward, sig)
 
@@ -354,7 +376,7 @@ class Supervisor:
         self.request_cancel(origin, sig, source=source, cause=cause)
 
     def _remove_signal_handlers(self, loop: asyncio.AbstractEventLoop) -> None:
-        for sig in (*STOP_SIGNALS, *self.spec.forward_signals):
+        for sig in (*STOP_SIGNALS, STACKS_REQUEST, *self.spec.forward_signals):
             loop.remove_signal_handler(sig)
 
 
@@ -368,4 +390,5 @@ def _record(spec: LaunchSpec, local_rank: int) -> RankRecord:
 
 def _settings(spec: LaunchSpec) -> PolicySettings:
     return PolicySettings(grace=spec.grace, drain=spec.drain, stall_timeout=spec.stall_timeout,
-                          quiet_after=spec.quiet_after, node_rank=spec.node_rank)
+                          quiet_after=spec.quiet_after, node_rank=spec.node_rank,
+                          stacks_deadline=spec.stacks_deadline)

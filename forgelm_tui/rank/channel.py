@@ -3,7 +3,8 @@
 No torch here. The supervisor names the channel in ``FORGELM_TUI_CHANNEL`` (an abstract Unix
 datagram socket, ``@name``); outside forgelm-tui the variable is unset and every call is a
 no-op. Sends never block and never raise: a full or absent supervisor only loses the message.
-The messages are defined in ``forgelm_tui.channel`` (docs/channel.md).
+The messages are defined in ``forgelm_tui.channel`` (docs/channel.md). The first message a
+process sends installs the stacks handler (``rank.stacks``) and announces it first.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import time
 from typing import Any
 
 from forgelm_tui.channel import CHANNEL_ENV, MessageKind, encode, socket_address
+from forgelm_tui.rank.stacks import install as install_stacks
 
 __all__ = ["CHANNEL_ENV", "Channel", "Heartbeats", "MessageKind", "default_channel",
            "heartbeat", "report_progress"]
@@ -33,6 +35,7 @@ class Channel:
     def send(self, kind: MessageKind, **fields: Any) -> None:
         if self._address is None:
             return
+        install_stacks(self.send)  # the first message: announce the stacks handler before it
         data = encode(self.rank, kind, **fields)
         try:
             if self._sock is None:

@@ -15,7 +15,8 @@ of SIGTERM exactly as it would have without the runner.
 
 Under forgelm-tui the runner also gives every HF ``Trainer`` the program builds a progress
 callback (``trainer_hook``): steps and heartbeats on the channel, so ForgeLM's evaluation and
-saves are not taken for a stall and every rank shows its real training step.
+saves are not taken for a stall and every rank shows its real training step; and it installs
+the stacks handler (``rank.stacks``), so the supervisor can show where the program is stuck.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import sys
 from types import FrameType
 
 from forgelm_tui.channel import MessageKind
-from forgelm_tui.rank import trainer_hook
+from forgelm_tui.rank import stacks, trainer_hook
 from forgelm_tui.rank.channel import default_channel
 
 
@@ -55,6 +56,7 @@ def main(argv: list[str]) -> None:
                          "[args]\n")
         raise SystemExit(2)
     signal.signal(signal.SIGTERM, _on_sigterm)
+    stacks.install(default_channel().send)  # where it is stuck, on the supervisor's request
     trainer_hook.install()
     try:
         if argv[0] == "-m":

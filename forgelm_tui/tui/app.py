@@ -15,7 +15,7 @@ from typing import Any
 
 from rich.console import RenderableType
 from rich.text import Text
-from textual.app import App, ComposeResult, SystemCommand
+from textual.app import ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.css.query import NoMatches
@@ -33,6 +33,7 @@ from forgelm_tui.tui.screens.confirm import ConfirmCancel, Question
 from forgelm_tui.tui.screens.forward import ConfirmForward
 from forgelm_tui.tui.screens.help import HelpScreen
 from forgelm_tui.tui.screens.search import SearchPrompt
+from forgelm_tui.tui.screens.stacks import StacksActions
 from forgelm_tui.tui.terminal import TERMINAL_CLOSED, Terminal, exit_on_signals
 from forgelm_tui.tui.widgets.key_hints import KeyHints
 from forgelm_tui.tui.widgets.log_pane import LogPane
@@ -45,7 +46,7 @@ LOG_HZ = 10
 LIFECYCLE = (ev.RankStarted, ev.RankSignalled, ev.RankExited, ev.RunStopping)
 
 
-class SupervisorApp(App[int]):
+class SupervisorApp(StacksActions):
     """Built by :func:`build_app`; tests build it the same way with a scripted run."""
 
     CSS_PATH = "forgelm_tui.tcss"
@@ -66,6 +67,8 @@ class SupervisorApp(App[int]):
         Binding("n", "search_next", "Next", show=False, tooltip="next match"),
         Binding("N", "search_previous", "Previous", show=False, tooltip="previous match"),
         Binding("s", "save_envelope", "Save envelope", tooltip="save the envelope (after the run)"),
+        Binding("t", "capture_stacks", "Stacks", show=False,
+                tooltip="capture every rank's Python stack now (where each is stuck)"),
         Binding("question_mark", "help", "Help", key_display="?", tooltip="this help"),
         Binding("q", "quit_run", "Quit",
                 tooltip="quit (after the run; during it, asks to cancel first)"),
@@ -365,6 +368,8 @@ class SupervisorApp(App[int]):
                             lambda: self.action_forward("SIGUSR1"))
         yield SystemCommand("Forward SIGUSR2", "to every rank, nothing stops",
                             lambda: self.action_forward("SIGUSR2"))
+        yield SystemCommand("Capture stacks", "every rank's Python stack, to the run dir; "
+                            "nothing stops", self.action_capture_stacks)
         yield SystemCommand("Save the envelope", "the run's JSON envelope, as a download",
                             self.action_save_envelope)
         yield SystemCommand("Show all ranks' logs", "merged view", self.action_all_logs)

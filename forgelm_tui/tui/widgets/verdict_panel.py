@@ -20,6 +20,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import Static
 
 from forgelm_tui.engine.sanitize import sanitize_line
+from forgelm_tui.engine.stack_text import short_frame
 
 CODE_STYLES = {0: "bold green", 3: "bold yellow", 4: "bold cyan", 5: "bold", 6: "bold red"}
 TAIL_LINES = 40  # the envelope keeps 20 of stderr; an error file may hold more
@@ -94,6 +95,10 @@ def verdict_summary(envelope: dict[str, Any], envelope_path: str | None) -> Grou
         line = exception_line(rank)
         where = line or f"no traceback: see {sanitize_line(str(rank.get('stderr_log')))}"
         parts.append(_line(f"root cause: rank {root}: ", where, "bold red"))
+    stuck = [r for r in envelope["ranks"] if r.get("stuck_at")]
+    if stuck and (envelope.get("stop") or {}).get("kind") == "stall":
+        parts.append(_line("stuck at: ", " · ".join(
+            f"rank {r['rank']} {short_frame(sanitize_line(r['stuck_at']))}" for r in stuck)))
     # The path wraps rather than losing its end: it is what the operator copies.
     parts.append(Text.assemble(("envelope: ", "bold"), envelope_path or "(not written)"))
     return Group(*parts)
@@ -112,6 +117,7 @@ def verdict_details(envelope: dict[str, Any]) -> list[Text]:
     if rank is not None and (tail := _tail(rank)[-TAIL_LINES:]):
         parts.append(Text(f"rank {root}, the end of its traceback / stderr:", style="bold red"))
         parts.extend(Text("  " + line, style="red") for line in tail)
+    parts.extend(stacks_details(envelope["ranks"]))
     killed = [r for r in envelope["ranks"] if r.get("signal") == "SIGKILL"
               and r.get("signalled_by_supervisor")]
     for rank in killed:
@@ -122,6 +128,26 @@ def verdict_details(envelope: dict[str, Any]) -> list[Text]:
         for index, result in enumerate(results):
             for hint in approval_hints(result):
                 parts.append(Text(f"rank {index} {sanitize_line(hint)}", style="cyan"))
+    return parts
+
+
+def stacks_details(ranks: list[dict[str, Any]]) -> list[Text]:
+    """Where each rank was stuck at the last capture: its main thread's innermost frame, or
+    why there is no stack; every thread's stack is in the rank's stacks file."""
+    captured = [r for r in ranks if r.get("stuck_at") or r.get("stacks_note")
+                or r.get("stacks_file")]
+    if not captured:
+        return []
+    parts = [Text("where each rank was stuck (main thread, innermost frame):", style="bold")]
+    for rank in captured:
+        frame = sanitize_line(str(rank.get("stuck_at") or "no Python frame"))
+        if rank.get("stacks_file"):
+            where = sanitize_line(str(rank["stacks_file"]))
+            parts.append(Text.assemble(f"  rank {rank['rank']}: ", (frame, "bold"),
+                                       f"  (every thread: {where})"))
+        else:
+            note = sanitize_line(str(rank.get("stacks_note") or ""))
+            parts.append(Text(f"  rank {rank['rank']}: no stacks: {note}", style="yellow"))
     return parts
 
 

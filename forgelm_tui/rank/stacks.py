@@ -1,0 +1,66 @@
+"""Where this rank is stuck: faulthandler on the signal the supervisor reserves for it.
+
+When the supervisor names its stacks signal (``FORGELM_TUI_STACKS_SIGNAL``, see
+``forgelm_tui.channel``), the rank runtime registers ``faulthandler`` on it: every thread's
+Python stack is written to ``<run dir>/rank-N.stacks.txt`` by a C signal handler, which works
+while the main thread is stuck in C code (a collective, a CUDA sync) and needs no GIL. Then it
+announces the handler on the channel: the supervisor sends the signal to announced ranks only,
+since a real-time signal's default action ends the process.
+
+Installed once per process, by the graceful runner and by the channel client's first message,
+so every rank that uses ``forgelm_tui.rank`` has it. Outside forgelm-tui (or under a supervisor
+that does not ask for it) nothing is installed. A program that handles the signal itself keeps
+its handler, and is then not announced. No torch here, and no import of the channel client
+(it calls this module): the announcement goes through the ``send`` it is given.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import signal
+import threading
+from collections.abc import Callable
+from typing import Any, BinaryIO
+
+from forgelm_tui.channel import STACKS_ENV, MessageKind, stacks_file_name
+
+RUN_DIR_ENV = "FORGELM_TUI_RUN_DIR"
+
+_tried = False
+_file: BinaryIO | None = None  # kept open for the process's lifetime: faulthandler writes to it
+
+
+def install(send: Callable[..., Any]) -> bool:
+    """Register the handler and announce it (once per process); True when it is installed."""
+    global _tried, _file
+    if _tried:
+        return _file is not None
+    _tried = True  # before anything else: the announcement goes through ``send``, which calls us
+    signum = reserved_signal()
+    run_dir = os.environ.get(RUN_DIR_ENV)
+    rank = os.environ.get("RANK", "")
+    if signum is None or not run_dir or not rank.isdigit():
+        return False
+    if signal.getsignal(signum) not in (signal.SIG_DFL, None):
+        return False  # the program handles this signal itself: never take it over
+    path = os.path.join(run_dir, stacks_file_name(int(rank)))
+    try:
+        handle = open(path, "ab", buffering=0)  # noqa: SIM115 (open as long as the process)
+        faulthandler.register(signum, file=handle, all_threads=True, chain=False)
+    except (OSError, ValueError, RuntimeError):
+        return False
+    _file = handle
+    send(MessageKind.STACKS_HANDLER, signum=signum, pid=os.getpid(),
+         thread=threading.main_thread().ident, file=path)
+    return True
+
+
+def reserved_signal() -> int | None:
+    """The signal the supervisor named, when it is a real-time one (nothing else is taken)."""
+    text = os.environ.get(STACKS_ENV, "")
+    if not text.isdigit():
+        return None
+    signum = int(text)
+    rtmin, rtmax = int(getattr(signal, "SIGRTMIN", 34)), int(getattr(signal, "SIGRTMAX", 64))
+    return signum if rtmin <= signum <= rtmax else None
