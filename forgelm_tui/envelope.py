@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from forgelm_tui import __version__
-from forgelm_tui.engine.records import CancelRequest, RankRecord, StopRecord
+from forgelm_tui.engine.records import CancelRequest, ForwardRequest, RankRecord, StopRecord
 from forgelm_tui.plan import RunInfo
 from forgelm_tui.signames import signal_name
 from forgelm_tui.verdict import Verdict
@@ -147,6 +147,7 @@ def build(
     *,
     stop: StopRecord | None = None,
     cancels: Sequence[CancelRequest] = (),
+    forwards: Sequence[ForwardRequest] = (),
     results: dict[int, dict[str, Any]] | None = None,
     provisional: bool = False,
 ) -> dict[str, Any]:
@@ -210,6 +211,11 @@ def build(
             {"source": c.source.value, "by": c.origin, "signal": _sig_name(c.signal),
              "at": iso(c.at), "effect": c.effect}
             for c in cancels
+        ],
+        "forwarded_signals": [
+            {"signal": _sig_name(f.signal), "source": f.source.value, "by": f.origin,
+             "at": iso(f.at), "ranks": list(f.ranks)}
+            for f in forwards
         ],
         "root_cause_rank": verdict.deciding_rank if verdict.rule == 2 else None,
         "outside_signal": _outside_signal(ranks),

@@ -79,6 +79,7 @@ class RunReport:
             sup.records.values(),
             stop=sup.stop,
             cancels=sup.cancels,
+            forwards=sup.forwards,
             results={} if provisional else self._results(),
             provisional=provisional,
         )
@@ -162,8 +163,9 @@ class Session:
                  source: CancelSource = CancelSource.OPERATOR) -> None:
         self.supervisor.kill_now(origin, source)
 
-    def forward(self, sig: int) -> None:
-        self.supervisor.forward(sig)
+    def forward(self, sig: int, origin: str = "operator",
+                source: CancelSource = CancelSource.OPERATOR) -> None:
+        self.supervisor.forward(sig, origin, source)
 
     def cancelled_by_signal(self) -> bool:
         """The stop came from a signal to the supervisor (a scheduler), not from a person."""

@@ -46,15 +46,22 @@ def test_snapshot_events_and_a_cancel_from_a_viewer(tmp_path: Path, marks: Path)
     snapshot = client.next_item()
     assert isinstance(snapshot, ev.RunSnapshot)
     assert [r.rank for r in snapshot.ranks] == [0, 1] and all(r.pid for r in snapshot.ranks)
+    client.send("forward", signal="SIGUSR1")
+    wait_for(lambda: all((marks / f"got-SIGUSR1-{r}").exists() for r in range(2)), 20,
+             "SIGUSR1 at both ranks")
     client.send("cancel")
     items = until_verdict(client)
-    ack = next(i for i in items if isinstance(i, dict) and i.get("type") == "ack")
-    assert ack == {"type": "ack", "command": "cancel", "effect": "stop"}
+    acks = [i for i in items if isinstance(i, dict) and i.get("type") == "ack"]
+    assert acks == [{"type": "ack", "command": "forward", "effect": "forwarded SIGUSR1"},
+                    {"type": "ack", "command": "cancel", "effect": "stop"}]
     assert any(isinstance(i, ev.RunStopping) for i in items)
     assert run.wait(30) == 2
     cancel = run.envelope()["cancel_requests"][0]
     assert cancel["source"] == "viewer"
     assert cancel["by"] == f"attached viewer (pid {os.getpid()}, uid {os.getuid()}, terminal)"
+    forward = run.envelope()["forwarded_signals"][0]
+    assert forward["signal"] == "SIGUSR1" and forward["source"] == "viewer"
+    assert forward["by"] == cancel["by"] and forward["ranks"] == [0, 1]
     client.close()
     assert not (run.run_dir / "control.sock").exists()  # gone with the run
 

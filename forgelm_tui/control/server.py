@@ -46,7 +46,7 @@ class Served(Protocol):
     def request_cancel(self, origin: str = ..., sig: int = ..., *,
                        source: CancelSource = ..., cause: str | None = ...) -> str: ...
     def kill_now(self, origin: str = ..., source: CancelSource = ...) -> None: ...
-    def forward(self, sig: int) -> None: ...
+    def forward(self, sig: int, origin: str = ..., source: CancelSource = ...) -> None: ...
 
 
 def line(message: dict[str, Any]) -> bytes:
@@ -214,7 +214,7 @@ class ControlServer:
             if sig is None:
                 viewer.offer(line({"type": "error", "message": "unknown signal"}))
                 return
-            self.session.forward(sig)
+            self.session.forward(sig, origin, CancelSource.VIEWER)
             effect = f"forwarded {signal_name(sig)}"
         else:
             viewer.offer(line({"type": "error", "message": f"unknown command {kind!r}"}))

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.events import Purpose
 from forgelm_tui.engine.records import CancelRequest, CancelSource, RankRecord, StopRecord
+from forgelm_tui.engine.spec import LaunchSpec
 from forgelm_tui.signames import signal_name
 from forgelm_tui.verdict import StopKind
 
@@ -270,3 +271,9 @@ class StopPolicy:
             return
         self.effects.emit(ev.StopCountdown(left, tuple(r.rank for r in live)))
         self.timers.start("countdown", 1.0, self._countdown)
+
+
+def settings_for(spec: LaunchSpec) -> PolicySettings:
+    return PolicySettings(grace=spec.grace, drain=spec.drain, stall_timeout=spec.stall_timeout,
+                          quiet_after=spec.quiet_after, node_rank=spec.node_rank,
+                          stacks_deadline=spec.stacks_deadline)

@@ -20,6 +20,7 @@ from forgelm_tui.engine.events import (
     RankState,
     SignalSent,
 )
+from forgelm_tui.engine.spec import LaunchSpec
 from forgelm_tui.verdict import RankEnding, StopKind
 
 STDERR_TAIL_LINES = 40  # sanitised lines, each <= MAX_LINE_CHARS: <= 80,000 chars a rank
@@ -206,6 +207,17 @@ class CancelRequest:
     effect: str  # "stop" (began the stop), "kill" (escalated), "merged" (same cause again)
 
 
+@dataclass(frozen=True)
+class ForwardRequest:
+    """A signal passed to every rank without stopping anything, and who asked for it."""
+
+    source: CancelSource
+    origin: str
+    signal: int
+    at: float
+    ranks: tuple[int, ...]  # the ranks it reached
+
+
 @dataclass
 class StopRecord:
     kind: StopKind
@@ -221,3 +233,12 @@ class StopRecord:
     lost_node: int | None = None  # a node_lost stop: which node
     source: str | None = None  # a cancel's CancelSource value
     stacks_delay: float | None = None  # a stall stop: how long it waited for the ranks' stacks
+
+
+def rank_record(spec: LaunchSpec, local_rank: int) -> RankRecord:
+    """A rank's record before it starts: its global rank and where its logs go."""
+    rank = spec.global_rank(local_rank)
+    return RankRecord(rank=rank, local_rank=local_rank, node_rank=spec.node_rank,
+                      stdout_log=str(spec.log_file(rank, "stdout")),
+                      stderr_log=str(spec.log_file(rank, "stderr")),
+                      error_file=str(spec.error_file(rank)))

@@ -20,10 +20,17 @@ from forgelm_tui.engine.channel import ChannelServer
 from forgelm_tui.engine.events import Purpose, RankState
 from forgelm_tui.engine.guardian import Guardian
 from forgelm_tui.engine.output import OutputDrain
-from forgelm_tui.engine.policy import HANG_UP, OUTSIDE_SIGNAL, Peers, PolicySettings, StopPolicy
+from forgelm_tui.engine.policy import HANG_UP, OUTSIDE_SIGNAL, Peers, StopPolicy, settings_for
 from forgelm_tui.engine.processes import RankProcesses
 from forgelm_tui.engine.progress import ProgressReader
-from forgelm_tui.engine.records import CancelRequest, CancelSource, RankRecord, StopRecord
+from forgelm_tui.engine.records import (
+    CancelRequest,
+    CancelSource,
+    ForwardRequest,
+    RankRecord,
+    StopRecord,
+    rank_record,
+)
 from forgelm_tui.engine.sampler import Sample, SamplingLoop, apply_sample
 from forgelm_tui.engine.spawn import pipe_capacity
 from forgelm_tui.engine.spec import LaunchSpec, rank_env
@@ -43,9 +50,10 @@ class Supervisor:
     def __init__(self, spec: LaunchSpec, *, guardian: Guardian | None = None,
                  base_env: Mapping[str, str] | None = None, peers: Peers | None = None) -> None:
         self.spec = spec
-        self.records = {spec.global_rank(local): _record(spec, local)
+        self.records = {spec.global_rank(local): rank_record(spec, local)
                         for local in range(spec.nproc_per_node)}
         self.launch_error: str | None = None
+        self.forwards: list[ForwardRequest] = []  # for the envelope: what, to whom, who asked
         self.started_at: float | None = None
         self.ended_at: float | None = None
         self._base_env = dict(os.environ if base_env is None else base_env)
@@ -54,7 +62,7 @@ class Supervisor:
         self._held: list[ev.Event] | None = None
         self._shown: dict[int, RankState] = {r: RankState.STARTING for r in self.records}
         self._timers = LoopTimers()
-        self._policy = StopPolicy(self.records, _settings(spec), self, self._timers, peers=peers)
+        self._policy = StopPolicy(self.records, settings_for(spec), self, self._timers, peers=peers)
         self._peers = self._policy.peers
         self._stacks = StackCapture(spec.run_dir, self._signal_for_stacks, self.emit,
                                     deadline=spec.stacks_deadline, py_spy=find_py_spy())
@@ -163,7 +171,7 @@ class Supervisor:
         assert not self._launched
         self.spec = spec
         self.records.clear()
-        self.records.update({spec.global_rank(local): _record(spec, local)
+        self.records.update({spec.global_rank(local): rank_record(spec, local)
                              for local in range(spec.nproc_per_node)})
         self._shown = {r: RankState.STARTING for r in self.records}
 
@@ -267,11 +275,15 @@ class Supervisor:
         with self._signals_first():
             self._policy.kill_pass(reason)
 
-    def forward(self, sig: int) -> None:
+    def forward(self, sig: int, origin: str | None = None,
+                source: CancelSource = CancelSource.SIGNAL) -> None:
         """Pass a signal to every live rank's main process without stopping anything."""
-        reason = f"{signal_name(sig)} forwarded from the supervisor"
-        sent = self.signal_ranks(self._policy.live(), sig, Purpose.FORWARD, reason)
-        self.emit(ev.SignalForwarded(sig, tuple(r.rank for r in sent), time.time()))
+        sent = self.signal_ranks(self._policy.live(), sig, Purpose.FORWARD,
+                                 f"{signal_name(sig)} forwarded from the supervisor")
+        ranks, at = tuple(r.rank for r in sent), time.time()
+        origin = origin or f"{signal_name(sig)} to the supervisor"
+        self.forwards.append(ForwardRequest(source, origin, sig, at, ranks))
+        self.emit(ev.SignalForwarded(sig, ranks, at))
 
     def request_stacks(self, origin: str = "operator") -> bool:
         """Capture every live rank's stacks now (nothing stops); False while one is under way
@@ -379,16 +391,3 @@ class Supervisor:
         for sig in (*STOP_SIGNALS, STACKS_REQUEST, *self.spec.forward_signals):
             loop.remove_signal_handler(sig)
 
-
-def _record(spec: LaunchSpec, local_rank: int) -> RankRecord:
-    rank = spec.global_rank(local_rank)
-    return RankRecord(rank=rank, local_rank=local_rank, node_rank=spec.node_rank,
-                      stdout_log=str(spec.log_file(rank, "stdout")),
-                      stderr_log=str(spec.log_file(rank, "stderr")),
-                      error_file=str(spec.error_file(rank)))
-
-
-def _settings(spec: LaunchSpec) -> PolicySettings:
-    return PolicySettings(grace=spec.grace, drain=spec.drain, stall_timeout=spec.stall_timeout,
-                          quiet_after=spec.quiet_after, node_rank=spec.node_rank,
-                          stacks_deadline=spec.stacks_deadline)
