@@ -242,12 +242,7 @@ def check_port(addr: str, port_text: str | None) -> int:
             sock.bind((addr if addr not in ("localhost",) else "127.0.0.1", 0))
             port: int = sock.getsockname()[1]
             return port
-    try:
-        port = int(port_text)
-    except ValueError:
-        raise UsageError(f"--master-port must be a number, got {port_text!r}") from None
-    if not 0 < port < 65536:
-        raise UsageError(f"--master-port must be 1..65535, got {port}")
+    port = parse_port(port_text, "--master-port")
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -258,6 +253,24 @@ def check_port(addr: str, port_text: str | None) -> int:
                 "is another job using it?"
             ) from None
     return port
+
+
+def parse_port(text: str, what: str, lowest: int = 1, highest: int = 65535) -> int:
+    """A port number from the command line, or one clear line."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise UsageError(f"{what} must be a number, got {text!r}") from None
+    if not lowest <= port <= highest:
+        raise UsageError(f"{what} must be {lowest}..{highest}, got {port}")
+    return port
+
+
+def _run_arguments(parser: argparse.ArgumentParser, read_only: str) -> None:
+    """What attach and serve share: the run, and watching only."""
+    parser.add_argument("run", nargs="?", default=None, metavar="RUN_DIR | RUN_ID",
+                        help="the run (default: the newest live one)")
+    parser.add_argument("--read-only", action="store_true", help=read_only)
 
 
 def viewer_parser(command: str) -> argparse.ArgumentParser:
@@ -271,10 +284,7 @@ def viewer_parser(command: str) -> argparse.ArgumentParser:
                      description="The TUI on a running run (started anywhere, --no-tui too): "
                                  "d detaches, the run goes on; q after its end quits with its "
                                  "code.")
-    parser.add_argument("run", nargs="?", default=None, metavar="RUN_DIR | RUN_ID",
-                        help="the run (default: the newest live one)")
-    parser.add_argument("--read-only", action="store_true",
-                        help="watch only: cancel, kill and forward are refused")
+    _run_arguments(parser, "watch only: cancel, kill and forward are refused")
     parser.add_argument("--via", choices=("terminal", "browser"), default="terminal",
                         help="how the operator reaches this viewer, recorded with each command "
                              "(forgelm-tui serve passes browser)")
@@ -286,9 +296,9 @@ def _serve_parser() -> argparse.ArgumentParser:
                      description="The attach viewer of a running run in a web browser "
                                  "(textual-serve), behind a random access token. Closing the "
                                  "tab detaches; the run goes on. Ctrl+C stops serving.")
-    parser.add_argument("run", nargs="?", default=None, metavar="RUN_DIR | RUN_ID",
-                        help="the run (default: the newest live one)")
-    parser.add_argument("--port", type=_port, default=0, metavar="P",
+    _run_arguments(parser, "the tabs watch only: cancel, kill and forward are refused")
+    parser.add_argument("--port", type=lambda text: parse_port(text, "--port", 0), default=0,
+                        metavar="P",
                         help="the port to listen on (default: a free one)")
     parser.add_argument("--host", default="127.0.0.1", metavar="H",
                         help="the address to listen on (default 127.0.0.1; any other than "
@@ -296,16 +306,6 @@ def _serve_parser() -> argparse.ArgumentParser:
     parser.add_argument("--allow-remote", action="store_true",
                         help="allow a non-loopback --host: anyone who can reach it and has "
                              "the URL (its token) can cancel the run")
-    parser.add_argument("--read-only", action="store_true",
-                        help="the tabs watch only: cancel, kill and forward are refused")
     return parser
 
 
-def _port(text: str) -> int:
-    try:
-        port = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
-    if not 0 <= port < 65536:
-        raise argparse.ArgumentTypeError(f"{port} is not in 0..65535")
-    return port

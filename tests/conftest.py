@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -129,6 +129,19 @@ def ready_pids(marks: Path, ranks: int) -> list[int]:
         return [int(p) for f in files for p in f.read_text().split()]
 
     return list(wait_for(all_ready, 30, f"{ranks} ranks to be ready"))
+
+
+@pytest.fixture
+def term(tmp_path: Path) -> Iterator[Any]:
+    """A tmux terminal (tests/tmux_terminal.py); whatever it started is reaped after the test."""
+    from tmux_terminal import Terminal
+
+    terminal = Terminal(tmp_path)
+    try:
+        yield terminal
+    finally:
+        terminal.close()
+        terminal.reap()
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -6,26 +6,16 @@ import json
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from conftest import cli_env, rank_script, ready_pids, start, wait_for
-from test_tui_tmux import Terminal
+from tmux_terminal import Terminal
 
 pytestmark = pytest.mark.timeout(120)
 
 SLEEPER = rank_script("sleeper.py")
 
-
-@pytest.fixture
-def term(tmp_path: Path) -> Iterator[Terminal]:
-    terminal = Terminal(tmp_path)
-    try:
-        yield terminal
-    finally:
-        terminal.close()
-        terminal.reap()
 
 
 def headless(tmp_path: Path, marks: Path, *extra: str) -> tuple[subprocess.Popen[str], Path]:

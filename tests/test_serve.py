@@ -297,7 +297,7 @@ def test_serve_errors_are_one_line(tmp_path: Path) -> None:
     assert done.returncode == 1
     assert "not a loopback address; add --allow-remote" in done.stderr
     done = cli(["serve", "--port", "70000"], tmp_path)
-    assert done.returncode == 1 and "70000 is not in 0..65535" in done.stderr
+    assert done.returncode == 1 and "--port must be 0..65535, got 70000" in done.stderr
 
 
 # ---------------------------------------------------------------------------- units

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 from forgelm_tui.cluster.join import ClusterConfig
 from forgelm_tui.cluster.slurm import SlurmError, default_port, in_srun_step, read_step
-from forgelm_tui.options import UsageError
+from forgelm_tui.options import UsageError, parse_port
 
 CONTROL_PORT_OFFSET = 1  # the control store: MASTER_PORT + 1 unless --rdzv-endpoint gives one
 
@@ -28,13 +28,7 @@ def parse_nnodes(text: str) -> int:
 
 
 def _port(text: str, what: str) -> int:
-    try:
-        port = int(text)
-    except ValueError:
-        raise UsageError(f"{what} must be a number, got {text!r}") from None
-    if not 0 < port < 65535:
-        raise UsageError(f"{what} must be 1..65534, got {port}")
-    return port
+    return parse_port(text, what, highest=65534)  # the control store takes the next one
 
 
 def _endpoint(text: str) -> tuple[str, int]:
