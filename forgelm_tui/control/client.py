@@ -4,6 +4,7 @@ tests use it from a thread of their own."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 from pathlib import Path
@@ -60,5 +61,9 @@ class ControlClient:
         self.sock.sendall(data.encode())
 
     def close(self) -> None:
+        """Close at once, even while another thread waits in :meth:`read` (the shutdown wakes
+        it; closing the file first would wait for the run's next message)."""
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
         self._file.close()
         self.sock.close()

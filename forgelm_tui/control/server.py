@@ -103,6 +103,13 @@ class Viewer:
         finally:
             self.close()
 
+    def unsent(self) -> bool:
+        """Lines still queued here or bytes still in the transport: a viewer closed before
+        they go would read half a line."""
+        transport = self.writer.transport
+        return bool(self.queue) or (not transport.is_closing()
+                                    and transport.get_write_buffer_size() > 0)
+
     def close(self) -> None:
         if not self.closed:
             self.closed = True
@@ -154,11 +161,11 @@ class ControlServer:
         """Give viewers a moment to read the verdict, then stop listening."""
         if self._server is not None:
             self._server.close()
-        pending = [v for v in self.viewers if v.queue]
+        pending = [v for v in self.viewers if v.unsent()]
         deadline = asyncio.get_running_loop().time() + FLUSH_WAIT
         while pending and asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(0.02)
-            pending = [v for v in pending if v.queue and not v.closed]
+            pending = [v for v in pending if v.unsent() and not v.closed]
         for viewer in list(self.viewers):
             viewer.close()
         for task in list(self._tasks):

@@ -25,6 +25,7 @@ from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.records import CancelSource
 from forgelm_tui.signames import signal_name
 from forgelm_tui.tui.app import SupervisorApp
+from forgelm_tui.verdict import Verdict
 
 HISTORY_BYTES = 64 << 10  # of each rank's log files, shown before the live stream
 
@@ -119,9 +120,13 @@ class AttachedRun:
                 elif not isinstance(item, dict):
                     loop.call_soon_threadsafe(self._deliver, item)
         except (ControlError, OSError, ValueError) as exc:
-            error: BaseException = Detached() if self.detached else ControlError(str(exc))
+            ended = None if self.detached else ended_from_envelope(self.snapshot.run_dir)
             with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(_fail, done, error)
+                if ended is not None:  # dropped, or the run ended as we read: its envelope
+                    loop.call_soon_threadsafe(_settle, done, ended)
+                else:
+                    error = Detached() if self.detached else ControlError(str(exc))
+                    loop.call_soon_threadsafe(_fail, done, error)
 
     def _deliver(self, item: ev.Event) -> None:
         for listener in self.listeners:
@@ -136,6 +141,28 @@ def _settle(done: asyncio.Future[RunEnding], ending: RunEnding) -> None:
 def _fail(done: asyncio.Future[RunEnding], error: BaseException) -> None:
     if not done.done():
         done.set_exception(error)
+
+
+def ended_from_envelope(run_dir: str, wait: float = 3.0) -> RunEnding | None:
+    """The run's ending from its final envelope, when the connection went before the verdict
+    (a viewer dropped for falling behind, or the run ending as it was read). The supervisor
+    writes the envelope before it closes the socket; a moment is given for that write."""
+    import time
+
+    path = Path(run_dir) / "envelope.json"
+    deadline = time.monotonic() + wait
+    while True:
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            envelope = json.loads(path.read_text(encoding="utf-8"))
+            if not envelope.get("provisional"):
+                decided = envelope["decided_by"]
+                verdict = Verdict(envelope["exit_code"], envelope["exit_name"],
+                                  envelope["exit_meaning"], envelope["ci_action"],
+                                  decided["rule"], decided["explanation"], decided["rank"])
+                return RunEnding(verdict, envelope, str(path), ())
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.1)
 
 
 def ending_of(verdict: ev.VerdictReached) -> RunEnding:
