@@ -37,7 +37,8 @@ def _sig_name(sig: int | None) -> str | None:
     return None if sig is None else signal_name(sig)
 
 
-def _verdict_dict(verdict: Verdict) -> dict[str, Any]:
+def verdict_dict(verdict: Verdict) -> dict[str, Any]:
+    """The envelope's fields that say the code and why (also what node 0 sets on every node's)."""
     return {
         "exit_code": verdict.code,
         "exit_name": verdict.name,
@@ -163,7 +164,7 @@ def build(
         "tool": {"name": "forgelm-tui", "version": __version__},
         "provisional": provisional,
         "run_id": info.run_id,
-        **_verdict_dict(verdict),
+        **verdict_dict(verdict),
         "contract": info.contract.value,
         "error": info.error,
         "cancelled": {

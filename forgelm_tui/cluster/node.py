@@ -163,11 +163,8 @@ class NodeRun:
         verdict = agreement.decide_global(finals, stop, self.session.plan.contract,
                                           first_failure)
         base = self.own_final["envelope"]
-        fields = env_mod.build(self.session.plan.info, verdict)  # the verdict's own fields
-        verdict_fields = {k: fields[k] for k in ("exit_code", "exit_name", "exit_meaning",
-                                                  "ci_action", "decided_by", "disagreements")}
         envelope = agreement.merge(base, finals, verdict, stop, lost,
-                                   self.membership_nnodes(), verdict_fields)
+                                   self.membership_nnodes(), env_mod.verdict_dict(verdict))
         waiting = [n for n in range(1, self.membership_nnodes()) if n not in lost]
         await loop.run_in_executor(None, _publish_verdict, store, verdict, envelope, waiting)
         return self._write(verdict, envelope)
