@@ -87,8 +87,14 @@ MIB = 1 << 20
 
 
 def signame(num: int) -> str:
-    if signal.SIGRTMIN <= num <= signal.SIGRTMAX:
-        return f"SIGRTMIN+{num - signal.SIGRTMIN}"
+    """As ``kill -l`` names it: SIGRTMIN, SIGRTMIN+1..15, SIGRTMAX-14..1, SIGRTMAX."""
+    low, high = signal.SIGRTMIN, signal.SIGRTMAX
+    if low <= num <= high:
+        if num in (low, high):
+            return "SIGRTMIN" if num == low else "SIGRTMAX"
+        if num - low <= (high - low) // 2:
+            return f"SIGRTMIN+{num - low}"
+        return f"SIGRTMAX-{high - num}"
     return signal.Signals(num).name
 
 
@@ -260,6 +266,11 @@ def run_faults_once(args: argparse.Namespace, env: dict[str, str], out: Path,
         shutil.rmtree(slot, ignore_errors=True)
     else:
         (slot / "result.json").write_text(json.dumps(result, indent=2) + "\n")
+        if not result["streams"]["corrupt"] and not args.keep:  # MiBs that showed nothing
+            for log in (slot / "run").glob("rank-*.log"):
+                log.unlink()
+            if not result["tracebacks"]:
+                (slot / "supervisor.stdout").unlink()
     return result
 
 
@@ -585,11 +596,12 @@ def tables(results: dict[str, Any]) -> str:
             return (f"| {name} | {r['peak_bytes'] / MIB:.1f} | {r['final_bytes'] / MIB:.1f} | "
                     f"{r['second_half_growth_bytes'] / MIB:+.1f} | "
                     f"{r['supervisor_stdout_bytes'] / MIB:.1f} | {r['logs']['bytes'] / MIB:.1f} "
-                    f"({r['logs']['mismatched']} mismatched) | {r['rc']} |")
+                    f"({r['logs']['mismatched']} mismatched) | {r['rc']} | "
+                    f"{r['stderr_tracebacks']} |")
 
         text += ["### Memory", "",
                  "| run | peak RSS MiB | final RSS MiB | 2nd-half growth MiB | supervisor stdout "
-                 "MiB | rank logs MiB | rc |", "|---|---|---|---|---|---|---|",
+                 "MiB | rank logs MiB | rc | tracebacks |", "|---|---|---|---|---|---|---|---|",
                  row("silent (baseline)", m["silent"]), row("printing", m["printing"]), "",
                  f"Difference: peak {m['peak_difference_bytes'] / MIB:+.1f} MiB, final "
                  f"{m['final_difference_bytes'] / MIB:+.1f} MiB; budget "
