@@ -612,12 +612,21 @@ def tables(results: dict[str, Any]) -> str:
 
 
 def meta(args: argparse.Namespace) -> dict[str, Any]:
-    commit = suite.subprocess.run(["git", "-C", str(suite.ROOT), "rev-parse", "--short", "HEAD"],
-                                  capture_output=True, text=True).stdout.strip()
     import forgelm_tui
 
-    return {"date": time.strftime("%Y-%m-%d %H:%M:%S %z"), "commit": commit,
-            "forgelm_tui": forgelm_tui.__version__, "forgelm_tui_path": forgelm_tui.__file__,
+    def git(where: Path, *args: str) -> str:
+        return suite.subprocess.run(["git", "-C", str(where), *args], capture_output=True,
+                                    text=True).stdout.strip()
+
+    # The forgelm-tui that runs is the one this interpreter imports (an editable install may
+    # point at another checkout than the bench's): its own commit, and whether it was modified.
+    package = Path(forgelm_tui.__file__).resolve().parent
+    measured = git(package, "rev-parse", "--short", "HEAD")
+    if git(package, "status", "--porcelain", "."):
+        measured += " (forgelm_tui modified)"
+    return {"date": time.strftime("%Y-%m-%d %H:%M:%S %z"), "commit": measured,
+            "bench_commit": git(suite.ROOT, "rev-parse", "--short", "HEAD"),
+            "forgelm_tui": forgelm_tui.__version__, "forgelm_tui_path": str(package),
             "python": sys.version.split()[0], "nproc": os.cpu_count(),
             "kernel": os.uname().release, "load_at_start": suite.machine_load(),
             "argv": sys.argv[1:], "seed": args.seed, "runs": args.runs, "ranks": args.ranks,
@@ -671,8 +680,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     results: dict[str, Any] = {"meta": meta(args)}
-    print(f"soak: out {out}; load {results['meta']['load_at_start']['busy_cpus']} of "
-          f"{os.cpu_count()} CPUs busy", flush=True)
+    print(f"soak: out {out}; forgelm-tui {results['meta']['commit']} from "
+          f"{results['meta']['forgelm_tui_path']}; load "
+          f"{results['meta']['load_at_start']['busy_cpus']} of {os.cpu_count()} CPUs busy",
+          flush=True)
     started = time.monotonic()
     try:
         if "faults" in only:
