@@ -129,6 +129,8 @@ class RunReport:
         entry = attempt_entry(index, self._attempt_envelope(provisional=False), decision,
                               delay if decision.restart else None)
         self.attempts.append(entry)
+        if decision.restart:  # on disk while it waits: a scheduler's SIGKILL finds it
+            self._write(self._build(provisional=True))
         return decision, delay
 
     def no_restart(self, why: str, cancel: CancelRequest | None = None) -> None:
@@ -372,6 +374,8 @@ def prelaunch_error(
     info.error = message
     verdict = prelaunch_failure()
     envelope = env_mod.build(info, verdict)
+    envelope.update(supervisor_error=None, max_restarts=info.max_restarts, restart_count=0,
+                    attempts=[])
     errors = env_mod.write_all(envelope_paths, envelope)
     where = f"; envelope: {envelope_paths[0]}" if envelope_paths and not errors else ""
     say(f"forgelm-tui: error: {message} (exit 1 EXIT_CONFIG_ERROR{where})")

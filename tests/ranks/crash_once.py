@@ -1,8 +1,9 @@
 """Rank R fails the first N times it runs (counted in a marker file), then succeeds.
 
 argv: MARKS RANK HOW [N]: HOW is ``exit:CODE`` or ``signal:NUMBER``; N (default 1) how many
-times it fails (``always`` for every time). Every rank records its attempt as torchrun's
-variables say it (``env-<rank>-<restart count>``); the other ranks wait for a stop.
+times it fails (``always``: every time; ``hang``: never, every rank sleeps until stopped).
+Every rank records its attempt as torchrun's variables say it (``env-<rank>-<restart
+count>``); the other ranks end with 0 after half a second.
 """
 
 import os
@@ -18,7 +19,7 @@ rank = int(os.environ["RANK"])
 count = os.environ["TORCHELASTIC_RESTART_COUNT"]
 (marks / f"env-{rank}-{count}").write_text(os.environ["TORCHELASTIC_MAX_RESTARTS"])
 print(f"rank {rank} attempt {count}", flush=True)
-if rank != victim:
+if rank != victim or times == "hang":  # "hang": every rank waits to be stopped
     time.sleep(0.5 if times != "hang" else 60)
     sys.exit(0)
 marker = marks / "crashes"
