@@ -89,7 +89,7 @@ class FaultGuard:
         self.count += 1
         if self.error is not None:
             return
-        self.error = describe_exception(exc, where)
+        self.error = replace(describe_exception(exc, where), ranks_running=self._running())
         if self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon(self._settle)
         else:
