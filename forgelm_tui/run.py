@@ -88,6 +88,7 @@ class RunReport:
         envelope["started_at"] = env_mod.iso(self.started_at or self.supervisor.started_at)
         envelope["duration_s"] = _duration(self.started_at or self.supervisor.started_at,
                                            self.plan.info.ended_at)
+        envelope["run_dir"] = self.plan.info.run_dir  # the run's; each attempt's in attempts
         envelope["max_restarts"] = self.plan.spec.max_restarts
         envelope["restart_count"] = index
         envelope["attempts"] = [*self.attempts, *current]

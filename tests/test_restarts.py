@@ -38,6 +38,8 @@ def test_a_crash_once_is_restarted_and_the_run_succeeds(tmp_path: Path, marks: P
     assert first["ranks"][1]["signal"] == "SIGSEGV"
     assert second["restart"]["restarted"] is False
     assert envelope["ranks"] == second["ranks"]  # the top-level ranks are the last attempt's
+    assert (envelope["run_dir"], first["run_dir"], second["run_dir"]) == (
+        str(run.run_dir), str(run.run_dir), str(run.run_dir / "attempt-1"))
     # Every attempt's logs kept: the first where they always were, the next in attempt-1/.
     for rank in range(2):
         assert (run.run_dir / f"rank-{rank}.stdout.log").read_text() == f"rank {rank} attempt 0\n"
