@@ -162,6 +162,9 @@ class HeadlessView:
                     self.note(line)
             case ev.NodeChanged():
                 self._node(event)
+            case ev.AttemptStarted(attempt=attempt, reason=reason, backoff=delay) if attempt:
+                self.note(f"attempt {attempt + 1}/{event.max_restarts + 1}: {reason}; "
+                          f"starting in {delay:g} s")
             case _:
                 pass
 
@@ -208,6 +211,21 @@ class HeadlessView:
         remote: Sequence[dict[str, Any]] = (),
     ) -> None:
         self._sink.write(summary_text(records, verdict, envelope_path, remote))
+
+
+def ending_notes(envelope: dict[str, Any]) -> list[str]:
+    """Before the summary: an error of forgelm-tui itself, and the attempts of a restarted run."""
+    notes = []
+    error = envelope.get("supervisor_error")
+    if error:
+        notes.append(f"forgelm-tui failed: {error['type']}: {error['message']} (in "
+                     f"{error['where']}); the envelope has its traceback")
+    attempts = envelope.get("attempts") or []
+    if envelope.get("max_restarts"):
+        last = attempts[-1]["restart"] if attempts and attempts[-1]["restart"] else {}
+        notes.append(f"attempt {len(attempts)}/{envelope['max_restarts'] + 1} was the last: "
+                     f"{last.get('why', '-')}; each restart's logs in attempt-K/ of the run dir")
+    return notes
 
 
 def stacks_lines(event: ev.StacksCaptured) -> list[str]:

@@ -83,7 +83,8 @@ def _add_launch_options(parser: argparse.ArgumentParser) -> None:
     tr.add_argument("--no-python", "--no_python", dest="no_python", action="store_true",
                     help="run the program directly, not through python")
     tr.add_argument("--max-restarts", "--max_restarts", dest="max_restarts", default="0",
-                    help="only 0: a failed run is reported, not restarted")
+                    metavar="N", help="restart every rank up to N times after a crash, an "
+                    "outside signal or a stall (never 1, 3-6, a cancel); one node (default 0)")
     for spelling in ("rdzv-conf", "log-dir",
                      "start-method", "role", "monitor-interval", "local-ranks-filter",
                      "local-addr", "logs-specs"):
@@ -94,6 +95,7 @@ def _add_launch_options(parser: argparse.ArgumentParser) -> None:
 
     own = parser.add_argument_group("forgelm-tui options")
     _add_node_timeouts(own)
+    _add_restart_backoff(own)
     own.add_argument("--grace", type=float, default=30.0, metavar="S",
                      help="SIGTERM -> SIGKILL wait when stopping, in seconds (default 30)")
     own.add_argument("--drain", type=float, default=60.0, metavar="S",
@@ -196,6 +198,23 @@ def parse_count(text: str | None, what: str, default: int) -> int:
         raise UsageError(f"{what} must be a whole number, got {text!r}") from None
     if value < 1:
         raise UsageError(f"{what} must be at least 1, got {value}")
+    return value
+
+
+def _add_restart_backoff(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--restart-backoff", type=float, default=1.0, metavar="S",
+                       help="wait before the first restart, doubled each time, at most 30 s "
+                            "(default 1)")
+
+
+def parse_restarts(text: str) -> int:
+    """--max-restarts: a whole number >= 0 (more than 0 only on one node: plan.py)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise UsageError(f"--max-restarts must be a whole number, got {text!r}") from None
+    if value < 0:
+        raise UsageError(f"--max-restarts must not be negative, got {value}")
     return value
 
 

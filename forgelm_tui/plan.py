@@ -24,6 +24,7 @@ from forgelm_tui.options import (
     build_parser,
     check_port,
     parse_count,
+    parse_restarts,
     parse_signals,
     split_argv,
 )
@@ -52,6 +53,8 @@ class RunInfo:
     drain: float | None = None
     stall_timeout: float | None = None
     graceful: bool = False
+    max_restarts: int = 0
+    restart_backoff: float = 1.0
     error: str | None = None  # pre-launch error, one line
     job_config: str | None = None
     last_exit_path: str | None = None
@@ -128,7 +131,7 @@ class Planner:
             drain=ns.drain,
             stall_timeout=ns.stall_timeout,
             forward_signals=parse_signals(ns.forward_signals),
-            cwd=self.cwd,
+            cwd=self.cwd, max_restarts=self.info.max_restarts,
         )
         info = self.info
         info.rank_argv = list(argv)
@@ -177,13 +180,15 @@ class Planner:
         node = "x" if cluster.node_rank is None else cluster.node_rank
         self.run_dir = (root / f"node-{node}").absolute()
         self.info.nnodes = cluster.nnodes
+        if self.info.max_restarts:
+            raise UsageError("--max-restarts: restarts need one node (--nnodes 1) until a "
+                             "coordinated multi-node restart is designed")
         self.info.node_rank = cluster.node_rank or 0
 
     def _check_options(self, ns: argparse.Namespace) -> None:
-        if ns.max_restarts != "0":
-            raise UsageError("--max-restarts: restarts are not supported; a failed run is "
-                             "reported with its true code")
-        for name in ("grace", "drain", "stall_timeout"):
+        self.info.max_restarts = parse_restarts(ns.max_restarts)
+        self.info.restart_backoff = ns.restart_backoff
+        for name in ("grace", "drain", "stall_timeout", "restart_backoff"):
             value = getattr(ns, name)
             if value is not None and value < 0:
                 raise UsageError(f"--{name.replace('_', '-')} must not be negative")

@@ -65,6 +65,9 @@ EXAMPLES: list[Any] = [
     ev.NodeChanged(1, "gpu-node-7", ev.NodeState.RUNNING, (RANK,), 4.75),
     ev.RunSnapshot("r1", 2, ("python",), "/runs/r1", 1.0, (RANK,), STOPPING, None,
                    ev.VerdictReached(VERDICT, None)),
+    ev.AttemptStarted(1, 2, "rank 1 failed (killed by SIGSEGV)", 1.0, 5.5),
+    ev.RunSnapshot("r1", 2, ("python",), "/runs/r1", 6.5, (RANK,),
+                   attempt=ev.AttemptStarted(1, 2, "rank 1 failed (exit 2)", 1.0, 5.5)),
 ]
 
 

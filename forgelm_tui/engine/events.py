@@ -286,6 +286,19 @@ class RunFinished:
 
 
 @dataclass(frozen=True)
+class AttemptStarted:
+    """With --max-restarts: attempt ``attempt`` (0: the first launch) of at most
+    ``max_restarts + 1`` begins ``backoff`` seconds after ``at``; ``reason``: why the last one
+    is restarted. Its ranks' events follow as a new run's (``RunStarted``...)."""
+
+    attempt: int
+    max_restarts: int
+    reason: str
+    backoff: float
+    at: float
+
+
+@dataclass(frozen=True)
 class VerdictReached:
     """The true exit code is decided and the final envelope written."""
 
@@ -334,6 +347,7 @@ class RunSnapshot:
     verdict: VerdictReached | None = None
     node_rank: int = 0  # multi-node: this node; other nodes' ranks follow as NodeChanged
     nnodes: int = 1
+    attempt: AttemptStarted | None = None  # with --max-restarts: the attempt under way
 
 
 class NodeState(StrEnum):
@@ -375,6 +389,7 @@ Event = (
     | RankEvidenceChanged
     | RankReportedStop
     | RunFinished
+    | AttemptStarted
     | VerdictReached
     | NodeChanged
 )

@@ -34,6 +34,7 @@ class CancelSource(StrEnum):
     TERMINAL = "terminal"  # the launching terminal was closed
     VIEWER = "viewer"  # an attached viewer
     NODE = "node"  # another node's supervisor (multi-node)
+    SUPERVISOR = "supervisor"  # forgelm-tui itself, after an error of its own (engine/faults.py)
 
 
 class Evidence(StrEnum):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 # torchrun sets these per worker (torch/distributed/run.py and the local elastic agent).
@@ -33,6 +33,14 @@ class LaunchSpec:
     extra_env: Mapping[str, str] = field(default_factory=dict)
     cwd: Path | None = None
     unbuffered: bool = True  # PYTHONUNBUFFERED=1 unless the caller set it
+    restart_count: int = 0  # which attempt this is (0: the first launch), TORCHELASTIC_*
+    max_restarts: int = 0  # --max-restarts: how many restarts the run may make
+
+    def for_attempt(self, attempt: int) -> LaunchSpec:
+        """The spec of restart ``attempt`` (1, 2...): the same ranks, their files in
+        ``<run dir>/attempt-<attempt>/`` (the first attempt's stay where they always were)."""
+        return replace(self, run_dir=self.run_dir / f"attempt-{attempt}",
+                       restart_count=attempt)
 
     @property
     def world_size(self) -> int:
@@ -67,8 +75,8 @@ def rank_env(spec: LaunchSpec, local_rank: int, base: Mapping[str, str]) -> dict
             "MASTER_ADDR": spec.master_addr,
             "MASTER_PORT": str(spec.master_port),
             "TORCHELASTIC_RUN_ID": spec.run_id,
-            "TORCHELASTIC_RESTART_COUNT": "0",
-            "TORCHELASTIC_MAX_RESTARTS": "0",
+            "TORCHELASTIC_RESTART_COUNT": str(spec.restart_count),
+            "TORCHELASTIC_MAX_RESTARTS": str(spec.max_restarts),
             "TORCHELASTIC_ERROR_FILE": str(spec.error_file(rank)),
             "FORGELM_TUI_RUN_DIR": str(spec.run_dir),
         }

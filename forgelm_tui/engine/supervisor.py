@@ -18,8 +18,10 @@ from forgelm_tui.channel import CHANNEL_ENV, STACKS_ENV, STACKS_SIGNAL, Message
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.channel import ChannelServer
 from forgelm_tui.engine.events import Purpose, RankState
+from forgelm_tui.engine.faults import FaultGuard, SupervisorError, listener_name
 from forgelm_tui.engine.guardian import Guardian
 from forgelm_tui.engine.output import OutputDrain
+from forgelm_tui.engine.own_signals import OwnSignals
 from forgelm_tui.engine.policy import HANG_UP, OUTSIDE_SIGNAL, Peers, StopPolicy, settings_for
 from forgelm_tui.engine.processes import RankProcesses
 from forgelm_tui.engine.progress import ProgressReader
@@ -39,9 +41,8 @@ from forgelm_tui.engine.timers import LoopTimers
 from forgelm_tui.signames import signal_name
 
 Listener = Callable[[ev.Event], None]
-STOP_SIGNALS: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-STACKS_REQUEST = signal.SIGQUIT  # to the supervisor: every rank's stacks, the run goes on
 PIPE_EOF_WAIT = 2.0  # after the last rank ends, how long a stray holder may keep its pipes
+FAULT_WAIT = 5.0  # after a supervisor error, past the grace: the run ends whatever happened
 
 
 class Supervisor:
@@ -71,6 +72,7 @@ class Supervisor:
         self._local_done = False
         self._finishing = False
         self._signal_seen = False
+        self.faults = FaultGuard(self._fault_stop, lambda: not self._ranks_gone)
         # Multi-node (SPEC §8): awaited before any rank starts (the join), and told when this
         # node's own ranks are over (the node publishes its records) while other nodes run on.
         self.before_launch: Callable[[], Awaitable[None]] | None = None
@@ -105,7 +107,10 @@ class Supervisor:
             self._held.append(event)
             return
         for listener in self._listeners:
-            listener(event)
+            try:
+                listener(event)
+            except Exception as exc:  # a view's bug: recorded, the ranks stopped, never a hang
+                self.faults.caught(exc, f"listener {listener_name(listener)}")
 
     @contextlib.contextmanager
     def _signals_first(self) -> Iterator[None]:
@@ -135,15 +140,17 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         self._done: asyncio.Future[None] = loop.create_future()
         self._timers.bind(loop)
+        self.faults.bind(loop)
         self._processes = RankProcesses(loop, self._on_exit, self._guardian)
         self._drain = OutputDrain(loop, self.emit, ProgressReader(self.emit), self._check_finished)
         self._sampling = SamplingLoop(loop, self.spec.sample_interval, self._policy.live,
                                       self._on_samples)
         self.started_at = time.time()
         channel = self._open_channel(loop)
+        own_signals = OwnSignals(self, self.spec.forward_signals)
         try:
             if handle_signals:
-                self._install_signal_handlers(loop)
+                own_signals.install(loop)
             if self.before_launch is not None and self.stop is None:
                 await self.before_launch()
             self.emit(ev.RunStarted(self.spec.run_id, self.spec.world_size, self.spec.argv,
@@ -154,8 +161,7 @@ class Supervisor:
             self._check_finished()
             await self._done
         finally:
-            if handle_signals:
-                self._remove_signal_handlers(loop)
+            own_signals.remove()
             self._timers.cancel_all()
             self._stacks.close()
             self._sampling.stop()
@@ -362,6 +368,19 @@ class Supervisor:
         if not self._done.done():
             self._done.set_result(None)
 
+    def _fault_stop(self, error: SupervisorError) -> None:
+        """The supervisor itself failed: stop every rank (docs/signals.md); should even the stop
+        fail, SIGKILL every rank group and end the run once the grace has passed."""
+        self._timers.start("fault", self.spec.grace + FAULT_WAIT, self._fault_deadline)
+        if error.ranks_running and self.stop is None:  # a stop under way goes on
+            self.request_cancel(f"forgelm-tui itself ({error.line})", signal.SIGTERM,
+                                source=CancelSource.SUPERVISOR)
+
+    def _fault_deadline(self) -> None:
+        for record in self._policy.live():
+            self._processes.signal(record, signal.SIGKILL, group=True)
+        self._finish()
+
     def _stopping_event(self) -> ev.RunStopping | None:
         stop = self.stop
         if stop is None:
@@ -369,25 +388,12 @@ class Supervisor:
         live = tuple(r.rank for r in self.records.values() if r.alive)
         return ev.RunStopping(stop.kind, stop.reason, stop.origin, self.spec.grace, live, stop.at)
 
-    def _install_signal_handlers(self, loop: asyncio.AbstractEventLoop) -> None:
-        for sig in STOP_SIGNALS:
-            cause = HANG_UP if sig == signal.SIGHUP else None
-            loop.add_signal_handler(sig, self._signalled, sig, cause)
-        if STACKS_REQUEST not in self.spec.forward_signals:  # forwarding it wins
-            loop.add_signal_handler(STACKS_REQUEST, self.request_stacks,
-                                    f"{signal_name(STACKS_REQUEST)} to the supervisor")
-        for sig in self.spec.forward_signals:
-            loop.add_signal_handler(sig, self.forward, sig)
-
-    def _signalled(self, sig: int, cause: str | None) -> None:
+    def signalled(self, sig: int) -> None:
+        """A stop signal to the supervisor (engine/own_signals.py): a cancel."""
+        cause = HANG_UP if sig == signal.SIGHUP else None
         if cause is None and not self._signal_seen:
             cause = OUTSIDE_SIGNAL  # the first signal here may be one a scheduler sent everywhere
         self._signal_seen = self._signal_seen or cause == OUTSIDE_SIGNAL
         named = self.hangup_origin() if sig == signal.SIGHUP else None
         source, origin = named or (CancelSource.SIGNAL, f"{signal_name(sig)} to the supervisor")
         self.request_cancel(origin, sig, source=source, cause=cause)
-
-    def _remove_signal_handlers(self, loop: asyncio.AbstractEventLoop) -> None:
-        for sig in (*STOP_SIGNALS, STACKS_REQUEST, *self.spec.forward_signals):
-            loop.remove_signal_handler(sig)
-

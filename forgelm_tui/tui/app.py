@@ -27,6 +27,7 @@ from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.policy import HANG_UP
 from forgelm_tui.engine.records import CancelSource
 from forgelm_tui.signames import signal_name, signal_number
+from forgelm_tui.tui.attempt import follow_attempts
 from forgelm_tui.tui.handle import RunHandle
 from forgelm_tui.tui.model import RunModel
 from forgelm_tui.tui.screens.confirm import ConfirmCancel, Question
@@ -94,7 +95,7 @@ class SupervisorApp(StacksActions):
         self.terminal = Terminal(terminal_fd, before_hard_exit)
         self._table_due = False
         self._log_title_extra = ""
-        run.subscribe(self.model.apply)
+        run.subscribe(follow_attempts(self.model))
         run.subscribe(self._on_lifecycle)
 
     # ------------------------------------------------------------------ layout

@@ -25,6 +25,7 @@ from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.records import CancelSource
 from forgelm_tui.signames import signal_name
 from forgelm_tui.tui.app import SupervisorApp
+from forgelm_tui.tui.attempt import restore
 from forgelm_tui.verdict import Verdict
 
 HISTORY_BYTES = 64 << 10  # of each rank's log files, shown before the live stream
@@ -201,8 +202,8 @@ class AttachApp(SupervisorApp):
 
     def __init__(self, run: AttachedRun, **kwargs: Any) -> None:
         super().__init__(run, **kwargs)
-        self.model.restore(run.snapshot)  # the run as it is now; events follow
-        run.on_snapshot = self.model.restore
+        restore(self.model, run.snapshot)  # the run as it is now; events follow
+        run.on_snapshot = lambda snapshot: restore(self.model, snapshot)
 
     def action_detach(self) -> None:
         handle = self.run_handle

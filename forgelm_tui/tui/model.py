@@ -231,6 +231,7 @@ class RunModel:
     Times are wall-clock seconds, from the events where they carry one, else from ``clock``:
     a viewer in another process computes the same ages and countdowns.
     """
+    attempt: ev.AttemptStarted | None = None  # with --max-restarts: tui/attempt.py keeps it
 
     def __init__(self, run_id: str, command: Sequence[str], world_size: int,
                  clock: Callable[[], float] = time.time) -> None:

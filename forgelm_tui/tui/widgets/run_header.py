@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 from rich.text import Text
 from textual.widget import Widget
 
+from forgelm_tui.tui.attempt import attempt_label
 from forgelm_tui.tui.model import RunModel
 from forgelm_tui.tui.widgets.rank_table import human_seconds
 
@@ -38,6 +39,9 @@ def _live(ranks: tuple[int, ...]) -> str:
 def header_parts(model: RunModel, verdict_label: str | None) -> list[Part]:
     state = model.state.upper()
     parts = [Part("forgelm-tui", "bold", 5), Part(state, STATE_STYLES.get(state, "bold"), 0, "  ")]
+    attempt = attempt_label(model.attempt)
+    if attempt:
+        parts.append(Part(attempt, "bold yellow", 0, "  "))
     left = model.seconds_left()
     if left is not None:
         parts += [Part(f"SIGKILL in {left:.0f} s", "bold magenta", 0, "  "),

@@ -1,0 +1,137 @@
+"""Restarts (``--max-restarts``), the session's side: what an attempt leaves in the envelope,
+and the wait between two attempts that a cancel ends at once.
+
+One Supervisor per attempt; the Session chains them (docs/architecture.md, "Restarts"). The
+policy that decides whether an ending is restarted is pure: engine/restart_policy.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from forgelm_tui.engine import events as ev
+from forgelm_tui.engine.events import Purpose
+from forgelm_tui.engine.guardian import Guardian
+from forgelm_tui.engine.records import CancelRequest
+from forgelm_tui.engine.restart_policy import AttemptFacts, RestartDecision
+from forgelm_tui.engine.spec import LaunchSpec
+from forgelm_tui.engine.supervisor import Supervisor
+from forgelm_tui.verdict import Verdict
+
+# The fields of an attempt's own envelope that its entry in ``attempts`` keeps.
+ATTEMPT_FIELDS = ("started_at", "ended_at", "duration_s", "exit_code", "exit_name",
+                  "decided_by", "root_cause_rank", "error", "cancelled", "stop", "run_dir",
+                  "supervisor_error", "ranks")
+
+
+def attempt_facts(sup: Supervisor, verdict: Verdict) -> AttemptFacts:
+    stop = sup.stop
+    return AttemptFacts(
+        code=verdict.code, rule=verdict.rule, stop_kind=stop.kind if stop else None,
+        reason=stop.reason if stop else verdict.rule_text, cancelled=bool(sup.cancels),
+        supervisor_error=sup.faults.error is not None,
+        launch_error=sup.launch_error is not None)
+
+
+def attempt_entry(attempt: int, envelope: dict[str, Any], decision: RestartDecision | None,
+                  delay: float | None) -> dict[str, Any]:
+    """One element of the envelope's ``attempts`` (docs/envelope.md)."""
+    entry: dict[str, Any] = {"attempt": attempt}
+    entry.update({name: envelope.get(name) for name in ATTEMPT_FIELDS})
+    entry["restart"] = None if decision is None else {
+        "restarted": decision.restart, "why": decision.why, "backoff_s": delay}
+    return entry
+
+
+class Backoff:
+    """The wait before the next attempt; ``cancel`` ends it at once (and the run with it)."""
+
+    def __init__(self) -> None:
+        self.cancel_request: CancelRequest | None = None
+        self._wake: asyncio.Future[bool] | None = None
+
+    async def wait(self, delay: float) -> bool:
+        """True when the wait ran out, False when it was cancelled."""
+        if self.cancel_request is not None:
+            return False
+        loop = asyncio.get_running_loop()
+        self._wake = wake = loop.create_future()
+        timer = loop.call_later(delay, self._wake_with, True)
+        try:
+            return bool(await wake)
+        finally:
+            timer.cancel()
+
+    def cancel(self, request: CancelRequest) -> None:
+        if self.cancel_request is None:
+            self.cancel_request = request
+        self._wake_with(False)
+
+    def _wake_with(self, waited: bool) -> None:
+        if self._wake is not None and not self._wake.done():
+            self._wake.set_result(waited)
+
+
+class AttemptChain:
+    """The supervisors of a run's attempts, one at a time, each with every listener the views
+    subscribed (in order); the wait between two attempts; the attempt under way."""
+
+    def __init__(self, first: Supervisor, guardian: Guardian | None) -> None:
+        self.supervisor = first
+        self.attempt: ev.AttemptStarted | None = None  # None without --max-restarts
+        self.backoff: Backoff | None = None  # while waiting for the next attempt
+        self._guardian = guardian
+        self._listeners: list[Callable[[ev.Event], None]] = []
+
+    def subscribe(self, listener: Callable[[ev.Event], None]) -> None:
+        self._listeners.append(listener)
+        self.supervisor.subscribe(listener)
+
+    def announce(self, attempt: int, max_restarts: int, why: str, delay: float) -> None:
+        self.attempt = ev.AttemptStarted(attempt, max_restarts, why, delay, time.time())
+        self.supervisor.emit(self.attempt)  # the emit that survives a failing view
+
+    async def supervise(self) -> None:
+        """One attempt; an exception out of the engine still ends it with every rank stopped."""
+        sup = self.supervisor
+        try:
+            await sup.run(handle_signals=False)
+        except Exception as exc:
+            sup.faults.caught(exc, "the supervisor's run")
+            await asyncio.sleep(0)  # the fault settles: a stop if ranks still ran
+            with contextlib.suppress(Exception):
+                sup.signal_ranks([r for r in sup.records.values() if r.alive], signal.SIGKILL,
+                                 Purpose.KILL, f"forgelm-tui itself failed ({exc!r})")
+
+    async def wait(self, delay: float) -> CancelRequest | None:
+        """The backoff; the cancel that ended it early, if one did."""
+        self.backoff = backoff = Backoff()
+        try:
+            waited = await backoff.wait(delay)
+        finally:
+            self.backoff = None
+        return None if waited else backoff.cancel_request
+
+    def next(self, spec: LaunchSpec) -> Supervisor:
+        """The next attempt's supervisor: the same listeners, the same view hooks."""
+        previous = self.supervisor
+        self.supervisor = Supervisor(spec, guardian=self._guardian)
+        self.supervisor.hangup_origin = previous.hangup_origin
+        for listener in self._listeners:
+            self.supervisor.subscribe(listener)
+        return self.supervisor
+
+
+def make_attempt_dir(path: Path) -> str | None:
+    """The directory of a restart's files; why it could not be made, if it could not."""
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        return f"cannot create {path} ({exc.strerror or exc})"
+    return None

@@ -1,0 +1,79 @@
+"""The supervisor process's own signal handlers: what each signal *to forgelm-tui* does.
+
+| signal | action |
+|---|---|
+| SIGINT, SIGTERM, SIGHUP | a cancel (a distinct second one kills at once; SIGHUP is a hang-up) |
+| SIGQUIT | every live rank's stacks; the run goes on (forwarded if in --forward-signals) |
+| SIGUSR1, SIGUSR2 | forwarded to every rank's main process (``--forward-signals`` chooses) |
+| SIGPIPE | ignored: a closed stdout is EPIPE, handled where it is written (the output sink) |
+| SIGTTOU | ignored: a backgrounded run writing to its terminal is not stopped |
+
+The handlers run on the event loop (``loop.add_signal_handler``) and go to a
+:class:`SignalTarget`: the running attempt's supervisor, or the session between two attempts.
+SIGPIPE and SIGTTOU are ignored for the whole process (``ignore_terminal_signals``): ranks
+inherit that, and it changes nothing for them (their output is pipes, their session has no
+terminal; Python, the ranks' usual interpreter, ignores SIGPIPE itself).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import Sequence
+from typing import Protocol
+
+from forgelm_tui.engine.records import CancelSource
+from forgelm_tui.signames import signal_name
+
+STOP_SIGNALS: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+STACKS_REQUEST = signal.SIGQUIT  # to the supervisor: every rank's stacks, the run goes on
+IGNORED: tuple[int, ...] = (signal.SIGPIPE, signal.SIGTTOU)
+
+
+class SignalTarget(Protocol):
+    def signalled(self, sig: int) -> None: ...  # a stop signal: a cancel
+    def request_stacks(self, origin: str = ...) -> bool: ...
+    def forward(self, sig: int, origin: str | None = ...,
+                source: CancelSource = ...) -> None: ...
+
+
+def ignore_terminal_signals() -> None:
+    """SIGPIPE and SIGTTOU ignored for the whole process (see the table above)."""
+    for sig in IGNORED:
+        with contextlib.suppress(ValueError, OSError):  # not the main thread: nothing to do
+            signal.signal(sig, signal.SIG_IGN)
+
+
+class OwnSignals:
+    """Installs the handlers on the running loop; ``remove`` restores the defaults."""
+
+    def __init__(self, target: SignalTarget, forward_signals: Sequence[int]) -> None:
+        self.target = target
+        self.forward_signals = tuple(forward_signals)
+        self._installed: list[int] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def install(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        ignore_terminal_signals()
+        for sig in STOP_SIGNALS:
+            self._add(sig, lambda s=sig: self.target.signalled(s))
+        if STACKS_REQUEST not in self.forward_signals:  # forwarding it wins
+            origin = f"{signal_name(STACKS_REQUEST)} to the supervisor"
+            self._add(STACKS_REQUEST, lambda: self.target.request_stacks(origin))
+        for sig in self.forward_signals:  # --forward-signals refuses the stop signals
+            self._add(sig, lambda s=sig: self.target.forward(s, None, CancelSource.SIGNAL))
+
+    def _add(self, sig: int, handler: object) -> None:
+        assert self._loop is not None and callable(handler)
+        self._loop.add_signal_handler(sig, handler)
+        self._installed.append(sig)
+
+    def remove(self) -> None:
+        if self._loop is None:
+            return
+        for sig in self._installed:
+            with contextlib.suppress(ValueError, RuntimeError):  # the loop may be closed
+                self._loop.remove_signal_handler(sig)
+        self._installed.clear()

@@ -1,0 +1,29 @@
+"""The last net: an exception that escaped the whole run (a bug past every other net).
+
+The caller has stopped every rank (the guardian's abandon); this says so in one line, writes an
+envelope that names the exception (``supervisor_error``) and returns 2: the run did not complete.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from forgelm_tui import envelope as env_mod
+from forgelm_tui.engine.faults import describe_exception, fault_verdict
+from forgelm_tui.plan import Plan
+
+
+def report_internal_error(plan: Plan, exc: BaseException, say: Callable[[str], None],
+                          emit_json: Callable[[dict[str, Any]], None]) -> int:
+    error = describe_exception(exc, "forgelm-tui")
+    verdict = fault_verdict(error)
+    envelope = env_mod.build(plan.info, verdict)
+    envelope["supervisor_error"] = error.to_dict(env_mod.iso(error.at))
+    errors = env_mod.write_all(plan.envelope_paths, envelope)
+    where = f"; envelope: {plan.envelope_paths[0]}" if plan.envelope_paths and not errors else ""
+    say(f"forgelm-tui: internal error: {error.line}; every rank was stopped "
+        f"(exit {verdict.code} {verdict.name}{where})")
+    if plan.output_format == "json":
+        emit_json(envelope)
+    return verdict.code
