@@ -208,3 +208,18 @@ def test_a_stuck_viewer_is_dropped_and_its_connection_closed(tmp_path: Path) -> 
     assert run.wait(30) == 2
     fresh.close()
     stuck.close()
+
+
+def test_output_events_on_the_wire_are_what_the_codec_makes() -> None:
+    """The server's fast path for output: the same message as the codec's, decoded the same."""
+    import json
+
+    from forgelm_tui.control.server import event_line, line
+    from forgelm_tui.engine.codec import from_wire, to_wire
+
+    for chunk in (ev.RankOutput(3, ev.Stream.STDERR, b"a \"quoted\" line\n\xff\x00 \\ end"),
+                  ev.RankOutput(0, ev.Stream.STDOUT, b"x")):
+        fast = event_line(chunk)
+        assert json.loads(fast) == json.loads(line({"type": "event", "event": to_wire(chunk)}))
+        assert fast.endswith(b"}}\n") and fast.count(b"\n") == 1
+        assert from_wire(json.loads(fast)["event"]) == chunk

@@ -13,7 +13,9 @@ uid (SO_PEERCRED) name it in the envelope when it sends a command.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -57,6 +59,24 @@ class Served(Protocol):
 
 def line(message: dict[str, Any]) -> bytes:
     return (json.dumps(message, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+
+
+OUTPUT_FIELDS = ("rank", "stream", "raw")  # RankOutput's, in order: the fast path's wire form
+
+
+def event_line(event: ev.Event) -> bytes:
+    """An ``event`` message. Output (nearly every byte of a flood) is built around its base64
+    directly: the same bytes as ``line(... to_wire(event))``, for about a seventh of the CPU
+    (json.dumps walks the whole base64 string); any other event goes through the codec."""
+    if isinstance(event, ev.RankOutput) and _FAST_OUTPUT:
+        return (b'{"type":"event","event":{"type":"RankOutput","rank":%d,"stream":"%s",'
+                b'"raw":"%s"}}\n' % (event.rank, event.stream.value.encode(),
+                                     base64.b64encode(event.raw)))
+    return line({"type": "event", "event": to_wire(event)})
+
+
+# A field added to RankOutput turns the fast path off (the codec then carries it).
+_FAST_OUTPUT = tuple(f.name for f in dataclasses.fields(ev.RankOutput)) == OUTPUT_FIELDS
 
 
 class Viewer:
@@ -151,7 +171,7 @@ class ControlServer:
             return
         if self.tails and not isinstance(event, BESIDE_OUTPUT):
             self.flush_tails()  # the output before it, first (the last lines before the verdict)
-        data = line({"type": "event", "event": to_wire(event)})
+        data = event_line(event)
         for viewer in list(self.viewers):
             viewer.offer(data)
 
@@ -162,7 +182,7 @@ class ControlServer:
             if viewer.tail:
                 tailing = True
             else:
-                data = data or line({"type": "event", "event": to_wire(chunk)})
+                data = data or event_line(chunk)
                 viewer.offer(data)
         if tailing:
             self.tails.add(chunk)
@@ -178,7 +198,7 @@ class ControlServer:
         chunks, skipped = self.tails.take()
         messages = [line({"type": "skipped", "lines": sum(skipped.values()),
                           "ranks": {str(r): n for r, n in skipped.items()}})] if skipped else []
-        messages += [line({"type": "event", "event": to_wire(c)}) for c in chunks]
+        messages += [event_line(c) for c in chunks]
         for viewer in [v for v in self.viewers if v.tail]:
             for data in messages:
                 viewer.offer(data)
