@@ -50,6 +50,7 @@ async def shoot_attach() -> Path:
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
         state_running(run, clock)
+        app.flush_logs()
         handle.on_skipped(18_240)  # a flood elsewhere: what the tail left out, as a viewer sees it
         run.emit(ev.RankOutput.of(0, ev.Stream.STDOUT, ("{'loss': 2.1800, 'step': 31}",)))
         await pilot.pause()
