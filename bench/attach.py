@@ -493,7 +493,10 @@ def flood_run(ctx: suite.Ctx, variant: str, mode: str, rep: int) -> dict[str, An
                     KNOWN.add(proc)
         elif mode == "1 stuck viewer":
             stuck = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            stuck.connect(str(sock))  # and never a recv: the run's writes pile up
+            # and never a recv: the run's writes pile up. The socket file exists from its bind,
+            # a moment before the server listens: refused until then.
+            tb.wait_for("the stuck viewer's connection",
+                        lambda: stuck is not None and stuck.connect_ex(str(sock)) == 0, 30, 0.005)
         t_gate = None
         if gated:
             tb.wait_for("ranks at the gate", lambda: all(

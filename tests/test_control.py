@@ -123,3 +123,103 @@ def test_nothing_listens_on_a_finished_run(tmp_path: Path) -> None:
     assert run.proc.returncode == 0
     with pytest.raises(ControlError, match="no run answers"):
         ControlClient(run.run_dir / "control.sock")
+
+
+def unix_connections(sock: Path) -> int:
+    """Accepted connections on a socket's path (state 03 in /proc/net/unix)."""
+    suffix = " " + str(sock) + "\n"
+    with open("/proc/net/unix") as handle:
+        return sum(1 for ln in handle if ln.endswith(suffix) and ln.split()[5] == "03")
+
+
+def test_a_tail_viewer_gets_coalesced_output_and_counts_what_was_left_out(
+        tmp_path: Path) -> None:
+    """output "tail" in the viewer's hello: each rank's output at most ~10 times a second, at
+    most TAIL_LINES lines a rank and tick, and every other line counted as skipped."""
+    from forgelm_tui.control.tails import TAIL_LINES
+
+    lines, gate = 50_000, tmp_path / "go"
+    run = start(["--nproc-per-node", "2", rank_script("gated_flood.py"), str(gate), str(lines)],
+                tmp_path, env=state_env(tmp_path))
+    client = ControlClient(wait_for(lambda: (p := run.run_dir / "control.sock").exists() and p,
+                                    30, "the control socket"), output="tail")
+    ack = {"type": "ack", "command": "hello", "effect": "output tail"}
+    wait_for(lambda: client.next_item() == ack, 10, "the ack of the viewer's hello")
+    gate.touch()
+    items = until_verdict(client)
+    outputs = [i for i in items if isinstance(i, ev.RankOutput)]
+    skipped = sum(i["lines"] for i in items if isinstance(i, dict) and i["type"] == "skipped")
+    assert all(o.count <= TAIL_LINES for o in outputs)
+    sent = sum(o.raw.count(b" line ") for o in outputs)
+    # every flood line sent or counted (and the ranks' "at the gate" lines, when they came in
+    # the same tick as the flood)
+    assert 2 * lines <= sent + skipped <= 2 * lines + 2
+    assert skipped > lines  # most of a flood is left out
+    for rank in (0, 1):  # the last line of each rank is there (before the verdict)
+        last = [o for o in outputs if o.rank == rank][-1]
+        assert last.raw.endswith(f"r{rank:03d} line {lines - 1:09d} ".encode() + b"x" * 70)
+    assert run.wait(30) == 0
+    client.close()
+
+
+def test_stacks_from_a_viewer(tmp_path: Path, marks: Path) -> None:
+    run = start(["--nproc-per-node", "2", SLEEPER, str(marks)], tmp_path, env=state_env(tmp_path))
+    ready_pids(marks, 2)
+    client = connect(run.run_dir)
+    assert isinstance(client.next_item(), ev.RunSnapshot)
+    client.send("stacks")
+    ack, captured = None, None
+    while captured is None:
+        item = client.next_item()
+        if isinstance(item, dict) and item.get("command") == "stacks":
+            ack = item
+        if isinstance(item, ev.StacksCaptured):
+            captured = item
+    assert ack == {"type": "ack", "command": "stacks", "effect": "capturing"}
+    by = f"attached viewer (pid {os.getpid()}, uid {os.getuid()}, terminal)"
+    assert captured.reason == f"requested by {by}"
+    assert [r.rank for r in captured.ranks] == [0, 1]
+    assert run.proc.poll() is None  # nothing stopped
+    run.signal(signal.SIGTERM)
+    assert run.wait(30) == 2
+    client.close()
+
+
+def test_a_stuck_viewer_is_dropped_and_its_connection_closed(tmp_path: Path) -> None:
+    """A viewer that never reads is dropped once its queue overflows (past the resyncs), and
+    its connection is closed then, while the run goes on (not when the supervisor exits)."""
+    gate = tmp_path / "go"
+    run = start(["--nproc-per-node", "2", rank_script("gated_flood.py"), str(gate), "150000",
+                 "--then-wait"], tmp_path, env=state_env(tmp_path))
+    sock = run.run_dir / "control.sock"
+    stuck = connect(run.run_dir)  # reads its hello only, then nothing
+    stuck.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    wait_for(lambda: unix_connections(sock) == 1, 10, "the viewer's connection")
+    gate.touch()
+    wait_for(lambda: unix_connections(sock) == 0, 60, "the stuck viewer to be dropped")
+    assert run.proc.poll() is None  # the run goes on
+    fresh = ControlClient(sock)  # and serves others
+    assert isinstance(fresh.next_item(), ev.RunSnapshot)
+    for rank in (0, 1):  # the gate line and every flood line, whatever the viewer did
+        log = run.run_dir / f"rank-{rank}.stdout.log"
+        wait_for(lambda log=log: log.read_bytes().count(b"\n") == 150000 + 1, 60,
+                 f"rank {rank}'s whole flood in its log", step=0.2)
+    run.signal(signal.SIGTERM)
+    assert run.wait(30) == 2
+    fresh.close()
+    stuck.close()
+
+
+def test_output_events_on_the_wire_are_what_the_codec_makes() -> None:
+    """The server's fast path for output: the same message as the codec's, decoded the same."""
+    import json
+
+    from forgelm_tui.control.server import event_line, line
+    from forgelm_tui.engine.codec import from_wire, to_wire
+
+    for chunk in (ev.RankOutput(3, ev.Stream.STDERR, b"a \"quoted\" line\n\xff\x00 \\ end"),
+                  ev.RankOutput(0, ev.Stream.STDOUT, b"x")):
+        fast = event_line(chunk)
+        assert json.loads(fast) == json.loads(line({"type": "event", "event": to_wire(chunk)}))
+        assert fast.endswith(b"}}\n") and fast.count(b"\n") == 1
+        assert from_wire(json.loads(fast)["event"]) == chunk

@@ -24,17 +24,20 @@ class Terminal:
         return subprocess.run(["tmux", "-L", self.socket, *args], capture_output=True,
                               text=True, timeout=10, check=True).stdout
 
-    def start(self, args: list[str], *, raw: bool = False) -> None:
-        """``forgelm-tui --tui --run-dir TMP/run ARGS`` (``raw``: ``forgelm-tui ARGS``)."""
+    def start(self, args: list[str], *, raw: bool = False,
+              env: dict[str, str] | None = None) -> None:
+        """``forgelm-tui --tui --run-dir TMP/run ARGS`` (``raw``: ``forgelm-tui ARGS``), with
+        ``env`` added to the terminal's environment."""
         cli = [sys.executable, "-m", "forgelm_tui",
                *([] if raw else ["--tui", "--run-dir", str(self.tmp / "run")]), *args]
         # The pane's size is the terminal's: COLUMNS/LINES inherited from a test runner would
         # override it for the app (they say 80x24).
         script = f"unset COLUMNS LINES; cd {shlex.quote(str(self.tmp))}; {shlex.join(cli)}; " \
                  f"echo $? > {shlex.quote(str(self.exit_file))}; sleep 60"
-        env = [f"-e{k}={v}" for k, v in (("TERM", "xterm-256color"), ("CI", ""),
-                                          ("HOME", str(self.tmp)))]  # no ~/Downloads: saves to cwd
-        self.tmux("new-session", "-d", "-x", "150", "-y", "45", *env, "sh", "-c", script)
+        exported = [f"-e{k}={v}" for k, v in (("TERM", "xterm-256color"), ("CI", ""),
+                                               ("HOME", str(self.tmp)),  # no ~/Downloads
+                                               *(env or {}).items())]
+        self.tmux("new-session", "-d", "-x", "150", "-y", "45", *exported, "sh", "-c", script)
 
     def screen(self) -> str:
         return self.tmux("capture-pane", "-p", "-J")

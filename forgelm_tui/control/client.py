@@ -19,7 +19,12 @@ class ControlError(Exception):
 
 
 class ControlClient:
-    def __init__(self, path: Path | str, timeout: float = 10.0) -> None:
+    """``output``: "all" (every output chunk, the default) or "tail" (each rank's output
+    coalesced about 10 times a second, with ``skipped`` messages counting what was left out:
+    what a viewer that shows a tail needs; said in this viewer's hello)."""
+
+    def __init__(self, path: Path | str, timeout: float = 10.0, output: str = "all") -> None:
+        self.path = Path(path)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(timeout)
         try:
@@ -28,11 +33,21 @@ class ControlClient:
             self.sock.close()
             raise ControlError(f"{path}: no run answers ({exc.strerror or exc})") from None
         self._file = self.sock.makefile("rb")
-        hello = self.read()
+        try:
+            hello = self.read()
+        except (ControlError, ValueError) as exc:
+            self.close()
+            raise ControlError(f"{path}: no hello from the run ({exc})") from None
         if hello.get("type") != "hello" or hello.get("v") != 1:
             raise ControlError(f"{path}: not a forgelm-tui control socket (protocol v1)")
         self.run_id: str = hello["run_id"]
         self.supervisor_pid: int = hello["pid"]
+        if output != "all":
+            try:
+                self.send("hello", v=1, output=output)
+            except OSError as exc:
+                self.close()
+                raise ControlError(f"{path}: connection lost ({exc})") from None
 
     def read(self) -> dict[str, Any]:
         """The next message; ControlError at the end of the stream."""

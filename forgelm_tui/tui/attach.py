@@ -1,12 +1,12 @@
 """`forgelm-tui attach`: the operator's TUI on a run started elsewhere (SPEC §9), fed from the
-run's control socket: the same table, logs, cancel, kill, forward and verdict. Leaving (`d`,
-`q` during the run, a closed terminal) detaches; the run goes on."""
+run's control socket: the same table, logs, cancel, kill, forward, stacks and verdict. Leaving
+(`d`, `q` during the run, a closed terminal) detaches; the run goes on. A connection that drops
+mid-run is made again (a fresh snapshot); one that goes as the run ends shows its envelope."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
 import json
 import signal
 import threading
@@ -14,18 +14,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rich.text import Text
-from textual.app import App, ComposeResult
 from textual.binding import Binding
-from textual.widgets import Static
 
 from forgelm_tui.control.client import ControlClient, ControlError
+from forgelm_tui.control.find import KnownRun
+from forgelm_tui.control.reconnect import connect_again
 from forgelm_tui.ending import RunEnding
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.records import CancelSource
 from forgelm_tui.signames import signal_name
 from forgelm_tui.tui.app import SupervisorApp
 from forgelm_tui.tui.attempt import restore
+from forgelm_tui.tui.ended import deliver_envelope, show_ended
+from forgelm_tui.tui.model import LogStore
 from forgelm_tui.verdict import Verdict
 
 HISTORY_BYTES = 64 << 10  # of each rank's log files, shown before the live stream
@@ -49,6 +50,8 @@ class AttachedRun:
         self.snapshot = first
         self.listeners: list[Callable[[ev.Event], None]] = []
         self.on_snapshot: Callable[[ev.RunSnapshot], None] = lambda snapshot: None
+        self.on_skipped: Callable[[int], None] = lambda lines: None  # output left out
+        self.on_reconnecting: Callable[[], None] = lambda: None
         self.detached = False
 
     @property
@@ -76,18 +79,27 @@ class AttachedRun:
         if source is CancelSource.TERMINAL:  # this viewer's terminal closed: it leaves
             self.detach()
             return "merged"
-        if self.read_only:
-            return "merged"
-        self.client.send("cancel", via=self.via)
-        return "stop"
+        return "stop" if self._send("cancel") else "merged"
 
     def kill_now(self, origin: str = "operator") -> None:
-        if not self.read_only:
-            self.client.send("kill", via=self.via)
+        self._send("kill")
 
     def forward(self, sig: int) -> None:
-        if not self.read_only:
-            self.client.send("forward", via=self.via, signal=signal_name(sig))
+        self._send("forward", signal=signal_name(sig))
+
+    def request_stacks(self, origin: str = "operator") -> bool:
+        """Ask the run for every rank's stacks (its StacksCaptured event follows)."""
+        return self._send("stacks")
+
+    def _send(self, kind: str, **fields: Any) -> bool:
+        """A command to the run; False when read-only or not connected (reconnecting)."""
+        if self.read_only:
+            return False
+        try:
+            self.client.send(kind, via=self.via, **fields)
+        except OSError:
+            return False
+        return True
 
     def cancelled_by_signal(self) -> bool:
         return False
@@ -109,25 +121,50 @@ class AttachedRun:
         return await done
 
     def _read(self, loop: asyncio.AbstractEventLoop, done: asyncio.Future[RunEnding]) -> None:
-        try:
-            while True:
-                item = self.client.next_item()
-                if isinstance(item, ev.VerdictReached):
-                    loop.call_soon_threadsafe(self._deliver, item)
-                    loop.call_soon_threadsafe(_settle, done, ending_of(item))
-                    return
-                if isinstance(item, ev.RunSnapshot):  # it fell behind: a fresh start
-                    loop.call_soon_threadsafe(self.on_snapshot, item)
-                elif not isinstance(item, dict):
-                    loop.call_soon_threadsafe(self._deliver, item)
-        except (ControlError, OSError, ValueError) as exc:
-            ended = None if self.detached else ended_from_envelope(self.snapshot.run_dir)
+        """Read until the verdict; a connection lost mid-run is made again (bounded), one lost
+        as the run ends gives way to its envelope."""
+        while True:
+            try:
+                self._stream(loop, done)
+                return
+            except (ControlError, OSError, ValueError) as exc:
+                lost = exc
+            run_dir = self.snapshot.run_dir
+            ended = None if self.detached else ended_from_envelope(run_dir, 0, self.run_id)
+            client = None
+            if ended is None and not self.detached:
+                with contextlib.suppress(RuntimeError):  # the app may be gone
+                    loop.call_soon_threadsafe(self.on_reconnecting)
+                client = connect_again(self.client.path, self.client.supervisor_pid,
+                                       give_up=lambda: self.detached)
+            if client is not None:
+                self.client = client  # its first item is a fresh snapshot
+                continue
+            if ended is None and not self.detached:  # the run is gone: did it leave a verdict?
+                ended = ended_from_envelope(run_dir, run_id=self.run_id)
             with contextlib.suppress(RuntimeError):
                 if ended is not None:  # dropped, or the run ended as we read: its envelope
                     loop.call_soon_threadsafe(_settle, done, ended)
                 else:
-                    error = Detached() if self.detached else ControlError(str(exc))
+                    error = Detached() if self.detached else ControlError(str(lost))
                     loop.call_soon_threadsafe(_fail, done, error)
+            return
+
+    def _stream(self, loop: asyncio.AbstractEventLoop, done: asyncio.Future[RunEnding]) -> None:
+        while True:
+            item = self.client.next_item()
+            if isinstance(item, ev.VerdictReached):
+                loop.call_soon_threadsafe(self._deliver, item)
+                loop.call_soon_threadsafe(_settle, done, ending_of(item))
+                return
+            if isinstance(item, ev.RunSnapshot):  # a fresh start: it fell behind, or reconnected
+                self.snapshot = item
+                loop.call_soon_threadsafe(self.on_snapshot, item)
+            elif isinstance(item, dict):
+                if item.get("type") == "skipped":
+                    loop.call_soon_threadsafe(self.on_skipped, int(item.get("lines") or 0))
+            else:
+                loop.call_soon_threadsafe(self._deliver, item)
 
     def _deliver(self, item: ev.Event) -> None:
         for listener in self.listeners:
@@ -144,7 +181,8 @@ def _fail(done: asyncio.Future[RunEnding], error: BaseException) -> None:
         done.set_exception(error)
 
 
-def ended_from_envelope(run_dir: str, wait: float = 3.0) -> RunEnding | None:
+def ended_from_envelope(run_dir: str, wait: float = 3.0,
+                        run_id: str | None = None) -> RunEnding | None:
     """The run's ending from its final envelope, when the connection went before the verdict
     (a viewer dropped for falling behind, or the run ending as it was read). The supervisor
     writes the envelope before it closes the socket; a moment is given for that write."""
@@ -153,9 +191,9 @@ def ended_from_envelope(run_dir: str, wait: float = 3.0) -> RunEnding | None:
     path = Path(run_dir) / "envelope.json"
     deadline = time.monotonic() + wait
     while True:
-        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError, AttributeError):
             envelope = json.loads(path.read_text(encoding="utf-8"))
-            if not envelope.get("provisional"):
+            if not envelope.get("provisional") and run_id in (None, envelope.get("run_id")):
                 decided = envelope["decided_by"]
                 verdict = Verdict(envelope["exit_code"], envelope["exit_name"],
                                   envelope["exit_meaning"], envelope["ci_action"],
@@ -193,6 +231,15 @@ def log_history(snapshot: ev.RunSnapshot) -> list[ev.RankOutput]:
     return chunks
 
 
+class ViewerLogs(LogStore):
+    """The log store of a viewer that gets output tails: it counts the lines the run left out
+    (the log pane says how many, as when a flood outruns the launching TUI)."""
+
+    def skip(self, lines: int) -> None:
+        self.total += lines
+        self._pending.dropped += lines
+
+
 class AttachApp(SupervisorApp):
     # The whole list, not only d: the key line and the help screen are built from BINDINGS.
     BINDINGS = [
@@ -202,8 +249,26 @@ class AttachApp(SupervisorApp):
 
     def __init__(self, run: AttachedRun, **kwargs: Any) -> None:
         super().__init__(run, **kwargs)
+        self.model.logs = ViewerLogs()
         restore(self.model, run.snapshot)  # the run as it is now; events follow
-        run.on_snapshot = lambda snapshot: restore(self.model, snapshot)
+        self.reconnecting = False
+        run.on_snapshot = self._fresh_snapshot
+        run.on_skipped = self.model.logs.skip
+        run.on_reconnecting = self._reconnecting
+
+    def _reconnecting(self) -> None:
+        """The connection dropped mid-run: say so until a fresh snapshot comes."""
+        self.reconnecting = True
+        self.model.state = "reconnecting…"
+        self.refresh_table()
+        self.notify("Lost the connection to the run: reconnecting…", severity="warning")
+
+    def _fresh_snapshot(self, snapshot: ev.RunSnapshot) -> None:
+        restore(self.model, snapshot)
+        self.refresh_table()
+        if self.reconnecting:
+            self.reconnecting = False
+            self.notify("Reconnected: the run as it is now (the rank logs have every line).")
 
     def action_detach(self) -> None:
         handle = self.run_handle
@@ -235,42 +300,6 @@ class AttachApp(SupervisorApp):
             self.notify(f"lost the run: {exc}", severity="error", timeout=10)
 
 
-def deliver_envelope(app: App[Any], path: Path, run_id: str) -> str:
-    """The envelope file's exact bytes as a browser download (textual-serve's deliver)."""
-    filename = f"forgelm-tui-envelope-{run_id}.json"
-    app.deliver_binary(io.BytesIO(path.read_bytes()), save_filename=filename,
-                       mime_type="application/json")
-    app.notify(f"Envelope sent to the browser as a download: {filename}")
-    return filename
-
-
-class EndedApp(App[int]):
-    """A browser tab opened on a run that has ended: its verdict, and `s` for its envelope."""
-
-    CSS = "Static { padding: 1 2; }"
-    BINDINGS = [
-        Binding("s", "save_envelope", "Download the envelope"),
-        Binding("q", "quit_run", "Quit"),
-    ]
-
-    def __init__(self, run_id: str, verdict: str, envelope: Path, code: int) -> None:
-        super().__init__()
-        self.run_id, self.verdict, self.envelope, self.code = run_id, verdict, envelope, code
-
-    def compose(self) -> ComposeResult:
-        yield Static(Text.assemble(("forgelm-tui", "bold"), "  ", ("FINISHED", "bold"),
-                                   f"  ·  run {self.run_id}\n\n{self.verdict}\n\n"
-                                   f"envelope: {self.envelope}\n\n",
-                                   ("s", "bold"), " download the envelope  ",
-                                   ("q", "bold"), " quit"))
-
-    def action_save_envelope(self) -> None:
-        deliver_envelope(self, self.envelope, self.run_id)
-
-    def action_quit_run(self) -> None:
-        self.exit(self.code)
-
-
 def execute_attach(target: str | None, read_only: bool, say: Callable[[str], None],
                    via: str = "terminal") -> int:
     """Find the run, attach, and return: the run's code after `q`, 0 after a detach, 1 when
@@ -284,23 +313,14 @@ def execute_attach(target: str | None, read_only: bool, say: Callable[[str], Non
         say(f"forgelm-tui attach: {exc}")
         return 1
     if not run.live:
-        envelope = run.envelope()
-        if envelope is None:
-            say(f"forgelm-tui attach: {run.run_id}: the run is gone and left no envelope")
-            return 1
-        verdict = (f"exit {envelope['exit_code']} {envelope['exit_name']} "
-                   f"({envelope['decided_by']['explanation']})")
-        path, ended = run.run_dir / "envelope.json", int(envelope["exit_code"])
-        if via == "browser":  # a tab opened after the end: the verdict and the download
-            return EndedApp(run.run_id, verdict, path, ended).run() or ended
-        say(f"forgelm-tui: run {run.run_id} has ended: {verdict}; envelope: {path}")
-        return ended
+        return show_ended(run, via, say)
     try:
-        assert run.socket is not None
-        handle = AttachedRun(ControlClient(run.socket), read_only, via)
+        handle = open_run(run, read_only, via)
     except ControlError as exc:
         say(f"forgelm-tui attach: {exc}")
         return 1
+    if handle is None:  # it ended between finding it and connecting: its verdict
+        return show_ended(run, via, say)
     app = AttachApp(handle, terminal_fd=_terminal_fd())
     code = app.run()
     if handle.detached or code is None:
@@ -308,3 +328,21 @@ def execute_attach(target: str | None, read_only: bool, say: Callable[[str], Non
             f"(forgelm-tui attach {handle.run_id})")
         return 0
     return code
+
+
+def open_run(run: KnownRun, read_only: bool, via: str) -> AttachedRun | None:
+    """Connect and read the snapshot; None when the run ended in the meantime (its socket went,
+    or the connection closed before the snapshot, and its final envelope is there)."""
+    assert run.socket is not None
+    try:
+        return AttachedRun(ControlClient(run.socket, output="tail"), read_only, via)
+    except ControlError as exc:
+        first = exc
+    # The supervisor writes its envelope before it closes the socket, then gives viewers up to
+    # FLUSH_WAIT (1 s) before it removes the socket: a little longer than that.
+    if ended_from_envelope(str(run.run_dir), 1.5) is not None:
+        return None
+    client = connect_again(run.socket, run.pid, tries=3)
+    if client is None:
+        raise first
+    return AttachedRun(client, read_only, via)

@@ -20,8 +20,8 @@ NOT_HERE = ("Capturing stacks is not available in this viewer: send SIGQUIT to t
 
 
 def stacks_command(handle: object) -> Callable[[str], bool] | None:
-    """The run's ``request_stacks``: on the handle, or on the supervisor of the launching
-    TUI's session. An attached viewer has none (its control protocol carries no such command)."""
+    """The run's ``request_stacks``: on the handle (an attached viewer's: the control
+    protocol's ``stacks``), or on the supervisor of the launching TUI's session."""
     for owner in (handle, getattr(handle, "supervisor", None)):
         request = getattr(owner, "request_stacks", None)
         if callable(request):

@@ -21,10 +21,12 @@ PALETTE_KEY = ("^p", "Palette")
 LOG_KEYS = ("toggle_rank_log", "all_logs", "follow", "search")
 # Per phase: (action, description or None for the binding's own), in order of use. While
 # stopping, c kills at once: "Cancel" would promise a graceful stop that has already begun.
+# An action the app has no binding for is left out: "detach" shows only in an attached viewer.
 PHASES: dict[str, tuple[tuple[str, str | None], ...]] = {
-    "running": (("cancel", None), ("kill", None), ("help", None),
+    "running": (("cancel", None), ("kill", None), ("detach", None), ("help", None),
                 *((a, None) for a in LOG_KEYS), ("quit_run", None)),
-    "stopping": (("cancel", "Kill now"), ("help", None), *((a, None) for a in LOG_KEYS)),
+    "stopping": (("cancel", "Kill now"), ("detach", None), ("help", None),
+                 *((a, None) for a in LOG_KEYS)),
     "ended": (("quit_run", "Quit with the code"), ("save_envelope", None), ("help", None),
               *((a, None) for a in LOG_KEYS)),
 }
