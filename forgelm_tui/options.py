@@ -65,7 +65,7 @@ def _add_node_timeouts(own: argparse._ArgumentGroup) -> None:
 def _add_launch_options(parser: argparse.ArgumentParser) -> None:
     tr = parser.add_argument_group("torchrun-compatible options")
     tr.add_argument("--nproc-per-node", "--nproc_per_node", dest="nproc_per_node",
-                    metavar="N", help="ranks on this node: a number, 'cpu' or 'auto'")
+                    metavar="N", help="ranks on this node: a number, 'cpu', 'gpu' or 'auto'")
     tr.add_argument("--nnodes", default=None,
                     help="nodes: N or N:N (one forgelm-tui per node; default 1, or SLURM's)")
     tr.add_argument("--node-rank", "--node_rank", dest="node_rank", default=None,
@@ -181,29 +181,36 @@ def _target(rest: list[str]) -> Target:
 
 
 def parse_count(text: str | None, what: str, default: int) -> int:
+    """A rank count as torchrun reads ``--nproc-per-node``: a number, ``cpu`` (the CPU count),
+    ``gpu`` (the GPUs CUDA_VISIBLE_DEVICES shows; an error without one, as torchrun's "Cuda
+    is not available") or ``auto`` (those GPUs when there are any, else the CPU count)."""
     if text is None:
         return default
-    if text in ("cpu", "auto"):
+    if text == "cpu":
         return os.cpu_count() or 1
-    if text == "gpu":
+    if text in ("gpu", "auto"):
         gpus = _gpu_count()
-        if gpus == 0:
-            raise UsageError(f"{what} gpu: no GPU found on this machine")
-        return gpus
+        if gpus:
+            return gpus
+        if text == "gpu":
+            raise UsageError(f"{what} gpu: no GPU visible here (NVML found none, or "
+                             "CUDA_VISIBLE_DEVICES hides them all)")
+        return os.cpu_count() or 1
     try:
         value = int(text)
     except ValueError:
-        raise UsageError(f"{what} must be a whole number, got {text!r}") from None
+        raise UsageError(f"{what} must be a whole number, 'cpu', 'gpu' or 'auto', "
+                         f"got {text!r}") from None
     if value < 1:
         raise UsageError(f"{what} must be at least 1, got {value}")
     return value
 
 
 def _gpu_count() -> int:
-    try:
-        return len(os.listdir("/proc/driver/nvidia/gpus"))
-    except OSError:
-        return 0
+    """NVML's devices as CUDA_VISIBLE_DEVICES filters them: no torch import here."""
+    from forgelm_tui.engine.gpu import visible_gpu_count  # noqa: PLC0415 (only when asked)
+
+    return visible_gpu_count(os.environ)
 
 
 def parse_signals(text: str) -> tuple[int, ...]:

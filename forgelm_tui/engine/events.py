@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from functools import cached_property
 
+from forgelm_tui.engine.gpu_events import GpuDevice, GpuSampled, RankGpu
 from forgelm_tui.engine.sanitize import sanitize_block, sanitize_line
 from forgelm_tui.verdict import StopKind, Verdict
 
@@ -317,6 +318,7 @@ class RankSnapshot:
     caught_mask: int = 0
     ignored_mask: int = 0
     progress_evidence: ProgressEvidence | None = None
+    gpu: RankGpu | None = None  # its last GPU sample; None without GPU sampling
 
 
 @dataclass(frozen=True)
@@ -334,6 +336,7 @@ class RunSnapshot:
     verdict: VerdictReached | None = None
     node_rank: int = 0  # multi-node: this node; other nodes' ranks follow as NodeChanged
     nnodes: int = 1
+    gpus: tuple[GpuDevice, ...] = ()  # this node's devices at the last GPU sample
 
 
 class NodeState(StrEnum):
@@ -363,6 +366,7 @@ Event = (
     | RankStateChanged
     | RankOutput
     | RankSampled
+    | GpuSampled
     | RankSignalled
     | RankExited
     | RunStopping
