@@ -187,7 +187,7 @@ def parse_count(text: str | None, what: str, default: int) -> int:
     if text is None:
         return default
     if text == "cpu":
-        return os.cpu_count() or 1
+        return _cpu_count()
     if text in ("gpu", "auto"):
         gpus = _gpu_count()
         if gpus:
@@ -195,7 +195,7 @@ def parse_count(text: str | None, what: str, default: int) -> int:
         if text == "gpu":
             raise UsageError(f"{what} gpu: no GPU visible here (NVML found none, or "
                              "CUDA_VISIBLE_DEVICES hides them all)")
-        return os.cpu_count() or 1
+        return _cpu_count()
     try:
         value = int(text)
     except ValueError:
@@ -206,9 +206,16 @@ def parse_count(text: str | None, what: str, default: int) -> int:
     return value
 
 
+def _cpu_count() -> int:
+    """The CPUs this process may run on, as torchrun counts them (affinity, then the count)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
+
+
 def _gpu_count() -> int:
     """NVML's devices as CUDA_VISIBLE_DEVICES filters them: no torch import here."""
-    from forgelm_tui.engine.gpu import visible_gpu_count  # noqa: PLC0415 (only when asked)
+    from forgelm_tui.engine.gpu import visible_gpu_count  # only when asked
 
     return visible_gpu_count(os.environ)
 

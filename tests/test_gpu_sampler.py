@@ -15,6 +15,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from fake_nvml.state import FAKE_DIR, GIB, device, process, write_state
 
 from forgelm_tui.engine import gpu
 from forgelm_tui.engine.gpu import GpuSampler, PidOwners
@@ -22,9 +23,6 @@ from forgelm_tui.engine.gpu_visible import visible_count
 from forgelm_tui.engine.records import RankRecord
 from forgelm_tui.engine.sampler import GpuFold, SamplingLoop
 from forgelm_tui.options import UsageError, parse_count
-
-sys.path.insert(0, str(Path(__file__).parent / "fake_nvml"))
-from state import FAKE_DIR, GIB, device, process, write_state  # noqa: E402
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -188,13 +186,21 @@ def test_a_lost_device_is_marked_and_sampling_goes_on(fake: FakeNvml, error: str
 def test_a_passing_error_is_one_missing_sample(fake: FakeNvml) -> None:
     _, state = fake
     processes = [process(100, 1, GIB)]
-    write_state(state, [device(0), device(1, error="Timeout")], processes)
     sampler = open_sampler()
+    write_state(state, [device(0), device(1, error="Timeout")], processes)
     timed_out = sampler.sample({100: 0}).devices[1]
     assert not timed_out.lost and timed_out.utilization is None
     write_state(state, [device(0), device(1, utilization=12)], processes)
     back = sampler.sample({100: 0})
     assert back.devices[1].utilization == 12 and [d.index for d in back.ranks[0].devices] == [1]
+
+
+def test_a_device_failing_from_the_start_is_lost_and_the_others_sampled(fake: FakeNvml) -> None:
+    _, state = fake
+    write_state(state, [device(0, error="GpuIsLost"), device(1)], [process(100, 1, GIB)])
+    first, second = open_sampler().sample({100: 0}).devices
+    assert first.lost and first.uuid == "unknown-0"
+    assert not second.lost and second.utilization == 40
 
 
 def test_header_devices_are_the_visible_ones_and_those_ranks_hold(
@@ -241,7 +247,7 @@ def test_nproc_gpu_and_auto(fake: FakeNvml, monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     with pytest.raises(UsageError, match="no GPU visible"):
         parse_count("gpu", "--nproc-per-node", 1)
-    assert parse_count("auto", "--nproc-per-node", 1) == (os.cpu_count() or 1)
+    assert parse_count("auto", "--nproc-per-node", 1) == len(os.sched_getaffinity(0))
 
 
 def test_nproc_gpu_without_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -249,4 +255,19 @@ def test_nproc_gpu_without_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(gpu, "_opened", [])
     with pytest.raises(UsageError, match="no GPU visible"):
         parse_count("gpu", "--nproc-per-node", 1)
-    assert parse_count("auto", "--nproc-per-node", 1) == (os.cpu_count() or 1)
+    assert parse_count("auto", "--nproc-per-node", 1) == len(os.sched_getaffinity(0))
+
+
+def test_on_this_machine_the_real_nvml_is_unavailable_and_costs_nothing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """nvidia-ml-py installed, no NVIDIA library or driver: one failed init, no thread."""
+    monkeypatch.delitem(sys.modules, "pynvml", raising=False)
+    monkeypatch.setattr(gpu, "_opened", [])
+    threads = set(threading.enumerate())
+    loop = SamplingLoop(None, 1.0, list, lambda s: None, lambda g: None)  # type: ignore[arg-type]
+    first = loop.gpu_pass({os.getpid(): 0})
+    if loop.gpu_state == "on":
+        pytest.skip("this machine has a GPU")
+    assert first is None and loop.gpu_state == "unavailable" and loop.gpu is None
+    assert loop.gpu_pass({os.getpid(): 0}) is None
+    assert set(threading.enumerate()) == threads

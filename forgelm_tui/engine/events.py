@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from functools import cached_property
 
-from forgelm_tui.engine.gpu_events import GpuDevice, GpuSampled, RankGpu
+from forgelm_tui.engine.gpu_events import GpuDevice as GpuDevice  # re-exported: every event
+from forgelm_tui.engine.gpu_events import GpuSampled as GpuSampled  # is an events.X
+from forgelm_tui.engine.gpu_events import RankGpu as RankGpu
 from forgelm_tui.engine.sanitize import sanitize_block, sanitize_line
 from forgelm_tui.verdict import StopKind, Verdict
 

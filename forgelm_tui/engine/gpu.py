@@ -41,14 +41,15 @@ def open_nvml() -> ModuleType | None:
 
 def _init() -> ModuleType | None:
     try:
-        import pynvml  # noqa: PLC0415 (lazily: most machines have no GPU)
+        import pynvml  # lazily: most machines have no GPU
 
         pynvml.nvmlInit()
         if pynvml.nvmlDeviceGetCount() < 1:
             return None
     except Exception:  # no module, no library, no driver: no GPU sampling, and no word of it
         return None
-    return pynvml
+    module: ModuleType = pynvml
+    return module
 
 
 def _uuid(nvml: ModuleType, handle: Any) -> str:
@@ -153,14 +154,10 @@ class GpuSampler:
         if nvml is None:
             return None
         try:
-            devices = []
-            for index in range(nvml.nvmlDeviceGetCount()):
-                handle = nvml.nvmlDeviceGetHandleByIndex(index)
-                name = nvml.nvmlDeviceGetName(handle)
-                devices.append(_Device(index, handle, _uuid(nvml, handle),
-                                       name.decode() if isinstance(name, bytes) else str(name)))
+            count = nvml.nvmlDeviceGetCount()
         except Exception:
             return None
+        devices = [_open_device(nvml, index) for index in range(count)]
         shown = visible_indices(env.get(VISIBLE_ENV), [d.uuid for d in devices])
         visible = set(shown) if isinstance(shown, list) else {d.index for d in devices}
         return cls(nvml, devices, visible, owners)
@@ -224,6 +221,17 @@ class GpuSampler:
             temperature=None if temperature is None else int(temperature),
             power_watts=None if power is None else round(power / 1000.0, 1),
             lost=device.lost)
+
+
+def _open_device(nvml: ModuleType, index: int) -> _Device:
+    """A device as NVML names it; one that fails already is lost (the others are sampled)."""
+    try:
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        name = nvml.nvmlDeviceGetName(handle)
+        return _Device(index, handle, _uuid(nvml, handle),
+                       name.decode() if isinstance(name, bytes) else str(name))
+    except Exception:
+        return _Device(index, None, f"unknown-{index}", "?", lost=True)
 
 
 def _rank_gpu(rank: int, held: dict[int, int | None], shown: dict[int, GpuDevice]) -> RankGpu:
