@@ -90,6 +90,10 @@ def one_run(mode: str, ranks: int, window: float, work: Path) -> float:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+    envelope = json.loads((work / mode / "envelope.json").read_text())
+    sampled = [r["gpu"] is not None for r in envelope["ranks"]]
+    if sampled != [mode == "gpu"] * ranks:  # the mode did what it says
+        raise SystemExit(f"{mode} run: GPU samples per rank {sampled}")
     return 100.0 * used / wall
 
 

@@ -122,3 +122,38 @@ def test_on_a_cpu_machine_no_gpu_is_mentioned(tmp_path: Path) -> None:
     envelope = run.envelope()
     assert envelope["root_cause_gpu"] is None
     assert all(rank["gpu"] is None for rank in envelope["ranks"])
+
+
+def test_the_tui_shows_each_rank_on_its_device_and_a_move(term: Any, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real app in tmux (its server started with the fake NVML in its environment)."""
+    state, where = tmp_path / "nvml.json", tmp_path / "pids"
+    where.mkdir()
+    devices = [device(0), device(1, utilization=70)]
+    write_state(state, devices)
+    env = fake_env(state)
+    for key in ("PYTHONPATH", "FAKE_NVML_STATE"):
+        monkeypatch.setenv(key, env[key])
+    monkeypatch.setenv("GPU_PIDS_DIR", str(where))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    term.start(["--nproc-per-node", "2", rank_script("gpu_rank.py")])
+    try:
+        (rank0, _), (_, rank1_child) = pids(where, 2)
+        write_state(state, devices,
+                    [process(rank0, 0, 30 * GIB), process(rank1_child, 1, 20 * GIB)])
+        term.wait_screen(r"GPU mem")
+        term.wait_screen(r"gpu0 40% 2\.0/80\.0 GiB 60C 250 W  ·  gpu1 70%")
+        term.wait_screen(r"(?m)^\s*0 .* 0 +40\.0 +\S+ 30\.0/80\.0G")
+        term.wait_screen(r"(?m)^\s*1 .* 1 +70\.0 +\S+ 20\.0/80\.0G")
+        write_state(state, devices,
+                    [process(rank0, 0, 30 * GIB), process(rank1_child, 0, 25 * GIB)])
+        term.wait_screen(r"(?m)^\s*1 .* 0 +40\.0 +\S+ 25\.0/80\.0G")
+    finally:
+        (where / "go").touch()
+    term.wait_screen(r"FINISHED.*exit 0")
+    term.press("q")
+    assert term.exit_code() == 0
+    ranks = term.envelope()["ranks"]
+    assert isinstance(ranks, list)
+    assert ranks[1]["gpu"] == {"devices": [devices[1]["uuid"], devices[0]["uuid"]],
+                               "peak_memory_bytes": 25 * GIB}

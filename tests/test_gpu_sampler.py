@@ -165,6 +165,17 @@ def test_figures_not_offered_are_not_asked_again(fake: FakeNvml) -> None:
     assert module.CALLS["nvmlDeviceGetUtilizationRates"] == 4
 
 
+def test_memory_as_nvidia_smi_counts_it_v1_on_an_old_driver(fake: FakeNvml) -> None:
+    _, state = fake
+    old = device(1, used=3 * GIB) | {"memory_reserved": GIB // 2, "memory_v2": False}
+    write_state(state, [device(0, used=3 * GIB) | {"memory_reserved": GIB // 2}, old])
+    sampler = open_sampler()
+    for _ in range(2):
+        new_driver, old_driver = sampler.sample({}).devices
+        assert new_driver.memory_used == 3 * GIB  # v2: without the reservation
+        assert old_driver.memory_used == 3 * GIB + GIB // 2  # v1 after v2 was refused once
+
+
 @pytest.mark.parametrize("error", ["GpuIsLost", "Unknown"])
 def test_a_lost_device_is_marked_and_sampling_goes_on(fake: FakeNvml, error: str) -> None:
     module, state = fake
@@ -178,6 +189,8 @@ def test_a_lost_device_is_marked_and_sampling_goes_on(fake: FakeNvml, error: str
         first, second = sample.devices
         assert first.utilization == 66 and not first.lost
         assert second.lost and second.utilization is None and second.memory_used is None
+        on_lost = sample.ranks[1]  # still shown on the device it held, as lost
+        assert [d.index for d in on_lost.devices] == [1] and on_lost.devices[0].lost
     calls = module.CALLS["nvmlDeviceGetComputeRunningProcesses"]
     sampler.sample({100: 0, 200: 1})
     assert module.CALLS["nvmlDeviceGetComputeRunningProcesses"] == calls + 1  # device 0 only

@@ -147,6 +147,7 @@ class GpuSampler:
         self._devices = devices
         self._visible = visible  # shown in the header even while no rank holds them
         self._owners = owners or PidOwners()
+        self._holders: dict[int, dict[int, int | None]] = {}  # the last pass's, per device
 
     @classmethod
     def open(cls, env: Mapping[str, str], owners: PidOwners | None = None) -> GpuSampler | None:
@@ -163,19 +164,29 @@ class GpuSampler:
         return cls(nvml, devices, visible, owners)
 
     def sample(self, ranks: Mapping[int, int]) -> GpuPass:
-        """``ranks``: each live rank's main pid -> its rank."""
-        held: dict[int, dict[int, int | None]] = {}  # rank -> device index -> its memory
+        """``ranks``: each live rank's main pid -> its rank. A lost device keeps the ranks it
+        had when it was lost (shown on it, as lost)."""
+        by_device: dict[int, dict[int, int | None]] = {}  # device -> rank -> its memory
         listed: set[int] = set()
         for device in self._devices:
-            for pid, used in self._processes(device):
+            found = self._processes(device)
+            if device.lost:
+                by_device[device.index] = self._holders.get(device.index, {})
+                continue
+            on: dict[int, int | None] = {}
+            for pid, used in found:
                 listed.add(pid)
                 rank = self._owners.owner(pid, ranks)
-                if rank is None:
-                    continue
-                on = held.setdefault(rank, {})
-                before = on.get(device.index)
-                on[device.index] = used if before is None else before + (used or 0)
+                if rank is not None:
+                    before = on.get(rank)
+                    on[rank] = used if before is None else before + (used or 0)
+            by_device[device.index] = on
         self._owners.keep_only(listed)
+        self._holders = by_device
+        held: dict[int, dict[int, int | None]] = {}  # rank -> device -> its memory
+        for index, on in by_device.items():
+            for rank, used in on.items():
+                held.setdefault(rank, {})[index] = used
         shown = {d.index: self._figures(d) for d in self._devices
                  if d.index in self._visible or any(d.index in h for h in held.values())}
         return GpuPass(tuple(shown.values()),
@@ -206,10 +217,24 @@ class GpuSampler:
                 device.lost = True
             return None
 
+    def _memory(self, device: _Device) -> Any:
+        """Memory as nvidia-smi counts it (v2: without the driver's reservation) where the
+        driver offers it, else v1."""
+        v2 = getattr(self._nvml, "nvmlMemory_v2", None)
+        if v2 is not None and "memory_v2" not in device.unsupported and not device.lost:
+            try:
+                return self._nvml.nvmlDeviceGetMemoryInfo(device.handle, version=v2)
+            except Exception as exc:
+                if _code(exc) in LOST_CODES:
+                    device.lost = True
+                    return None
+                device.unsupported.add("memory_v2")  # an older driver: v1 from now on
+        return self._read(device, "memory", self._nvml.nvmlDeviceGetMemoryInfo)
+
     def _figures(self, device: _Device) -> GpuDevice:
         nvml = self._nvml
         rates = self._read(device, "utilization", nvml.nvmlDeviceGetUtilizationRates)
-        memory = self._read(device, "memory", nvml.nvmlDeviceGetMemoryInfo)
+        memory = self._memory(device)
         temperature = self._read(device, "temperature", nvml.nvmlDeviceGetTemperature,
                                  TEMPERATURE_GPU)
         power = self._read(device, "power", nvml.nvmlDeviceGetPowerUsage)

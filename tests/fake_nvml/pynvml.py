@@ -25,6 +25,7 @@ from types import SimpleNamespace
 from typing import Any
 
 NVML_TEMPERATURE_GPU = 0
+nvmlMemory_v2 = 0x02000028  # as nvidia-ml-py: the v2 struct's version
 NVML_ERROR_UNINITIALIZED = 1
 NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_DRIVER_NOT_LOADED = 9
@@ -148,9 +149,16 @@ def nvmlDeviceGetUtilizationRates(handle: _Handle) -> SimpleNamespace:
     return SimpleNamespace(gpu=device.get("utilization", 0), memory=0)
 
 
-def nvmlDeviceGetMemoryInfo(handle: _Handle) -> SimpleNamespace:
+def nvmlDeviceGetMemoryInfo(handle: _Handle, version: int | None = None) -> SimpleNamespace:
+    """v2 ``used`` leaves out the driver's reservation (``memory_reserved``), as nvidia-smi
+    does; v1 counts it. ``"memory_v2": false`` in a device: an old driver without v2."""
+    CALLS["nvmlDeviceGetMemoryInfo"] += 1
     device = _device(handle)
     used, total = device.get("memory_used", 0), device.get("memory_total", 0)
+    if version is None:
+        used += device.get("memory_reserved", 0)
+    elif not device.get("memory_v2", True):
+        raise NVMLError(25)  # NVML_ERROR_ARGUMENT_VERSION_MISMATCH
     return SimpleNamespace(used=used, total=total, free=total - used)
 
 
