@@ -284,3 +284,57 @@ def test_on_this_machine_the_real_nvml_is_unavailable_and_costs_nothing(
     assert first is None and loop.gpu_state == "unavailable" and loop.gpu is None
     assert loop.gpu_pass({os.getpid(): 0}) is None
     assert set(threading.enumerate()) == threads
+
+
+def test_nothing_imports_pynvml_until_a_sample_pass_asks() -> None:
+    probe = ("import sys\nimport forgelm_tui.cli, forgelm_tui.plan, forgelm_tui.run, "
+             "forgelm_tui.headless, forgelm_tui.engine.supervisor, forgelm_tui.tui.app\n"
+             "print('pynvml' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         timeout=30, check=True).stdout
+    assert out.strip() == "False"
+
+
+def test_multi_node_root_cause_gpu_comes_from_its_node() -> None:
+    from test_cluster_liveness import F, stop, two_failing_nodes, wire
+
+    from forgelm_tui.cluster import agreement
+    from forgelm_tui.verdict import StopKind
+
+    finals = two_failing_nodes()
+    sample = {"rank": 3, "at": "2026-12-01T00:00:00.000Z", "memory_bytes": 79 * GIB,
+              "devices": []}
+    finals[1]["envelope"]["root_cause_gpu"] = sample
+    finals[0]["envelope"]["root_cause_gpu"] = {**sample, "rank": 1}
+    record = wire(stop(StopKind.FAILURE, origin_rank=3, origin_node=1))
+    verdict = agreement.decide_global(finals, record, F)
+    base = {"ranks": [], "cancel_requests": [], "stop": None, "root_cause_gpu": None}
+    envelope = agreement.merge(base, finals, verdict, record, [], 2, {})
+    assert envelope["root_cause_rank"] == 3 and envelope["root_cause_gpu"] == sample
+
+
+def test_the_headless_line_comes_on_a_change_and_every_30_s() -> None:
+    from forgelm_tui.engine.events import GpuDevice, GpuSampled, RankGpu
+    from forgelm_tui.gpu_text import GpuStatus
+
+    now = [0.0]
+    status = GpuStatus(clock=lambda: now[0])
+    gpus = (GpuDevice(0, "GPU-a", "H100", 87.0, 30 * GIB, 80 * GIB, 61, 250.0),
+            GpuDevice(1, "GPU-b", "H100", None, None, None, lost=True))
+
+    def event(on: int | None) -> GpuSampled:
+        held = () if on is None else (gpus[on],)
+        return GpuSampled(gpus, (RankGpu(0, held, 20 * GIB if held else None),
+                                 RankGpu(1, (), None)), 0.0)
+
+    assert status.line(event(0)) == ("gpu: gpu0 87% 30.0/80.0 GiB 61C 250 W (rank 0 20.0 GiB); "
+                                     "gpu1 lost; no GPU: rank 1")
+    now[0] = 29.0
+    assert status.line(event(0)) is None
+    assert status.line(event(1)) == "gpu: gpu0 87% 30.0/80.0 GiB 61C 250 W; " \
+                                    "gpu1 lost (rank 0 20.0 GiB); no GPU: rank 1"
+    now[0] = 58.0
+    assert status.line(event(1)) is None
+    now[0] = 59.5
+    assert status.line(event(1)) is not None
+    assert status.index == {"GPU-a": 0, "GPU-b": 1}
