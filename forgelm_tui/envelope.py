@@ -17,6 +17,7 @@ from typing import Any
 
 from forgelm_tui import __version__
 from forgelm_tui.engine.records import CancelRequest, ForwardRequest, RankRecord, StopRecord
+from forgelm_tui.envelope_gpu import last_gpu_sample, rank_gpu
 from forgelm_tui.plan import RunInfo
 from forgelm_tui.signames import signal_name
 from forgelm_tui.verdict import Verdict
@@ -109,6 +110,7 @@ def rank_dict(
         "stdout_bytes": record.stdout_bytes,
         "stderr_bytes": record.stderr_bytes,
         "peak_rss_bytes": record.peak_rss_bytes,
+        "gpu": rank_gpu(record),
         "stalled": record.stalled,
         "progress_evidence": record.progress_evidence,
         "progress": {
@@ -219,6 +221,8 @@ def build(
             for f in forwards
         ],
         "root_cause_rank": verdict.deciding_rank if verdict.rule == 2 else None,
+        "root_cause_gpu": last_gpu_sample(next(
+            (r for r in ranks if verdict.rule == 2 and r.rank == verdict.deciding_rank), None)),
         "outside_signal": _outside_signal(ranks),
         "result": results.get(0),
         "ranks": [

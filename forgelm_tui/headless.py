@@ -17,6 +17,7 @@ from typing import Any
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.events import RankState
 from forgelm_tui.engine.records import RankRecord
+from forgelm_tui.gpu_text import GpuStatus, summary_cells
 from forgelm_tui.signames import signal_name
 from forgelm_tui.verdict import Verdict, describe
 
@@ -111,6 +112,7 @@ class HeadlessView:
         self._nodes: dict[int, ev.NodeState] = {}
         self._evidence: dict[int, ev.ProgressEvidence | None] = {}
         self._remote: dict[int, RankState] = {}
+        self._gpu = GpuStatus()
 
     def note(self, message: str) -> None:
         self._sink.write(f"{PREFIX} {message}\n")
@@ -165,8 +167,15 @@ class HeadlessView:
             case ev.AttemptStarted(attempt=attempt, reason=reason, backoff=delay) if attempt:
                 self.note(f"attempt {attempt + 1}/{event.max_restarts + 1}: {reason}; "
                           f"starting in {delay:g} s")
+            case ev.GpuSampled():
+                self._gpu_line(event)
             case _:
                 pass
+
+    def _gpu_line(self, event: ev.GpuSampled) -> None:
+        line = self._gpu.line(event)
+        if line is not None:
+            self.note(line)
 
     def _quiet_why(self, rank: int) -> str:
         """What it has not done lately, by the kind of progress that counts for it."""
@@ -210,7 +219,7 @@ class HeadlessView:
         envelope_path: str | None,
         remote: Sequence[dict[str, Any]] = (),
     ) -> None:
-        self._sink.write(summary_text(records, verdict, envelope_path, remote))
+        self._sink.write(summary_text(records, verdict, envelope_path, remote, self._gpu.index))
 
 
 def ending_notes(envelope: dict[str, Any]) -> list[str]:
@@ -298,10 +307,10 @@ def _step(record: RankRecord) -> str:
 
 def summary_text(
     records: Iterable[RankRecord], verdict: Verdict, envelope_path: str | None,
-    remote: Sequence[dict[str, Any]] = (),
+    remote: Sequence[dict[str, Any]] = (), gpu_index: dict[str, int] | None = None,
 ) -> str:
     """The table every rank ends with; ``remote``: other nodes' ranks from the agreed envelope
-    (a multi-node run adds a node column)."""
+    (a multi-node run adds a node column); with GPU samples, each rank's GPUs and peak."""
     header: tuple[str, ...] = ("rank", "pid", "state", "exit", "signal", "sent by supervisor",
                                "step", "time")
     local = sorted(records, key=lambda r: r.rank)
@@ -312,6 +321,10 @@ def summary_text(
         body = sorted(body + [_remote_row(d) for d in remote], key=lambda row: int(row[0]))
         header = (header[0], "node", *header[1:])
         body = [(row[0], str(nodes[int(row[0])]), *row[1:]) for row in body]
+    gpu = summary_cells(local, remote, gpu_index or {})
+    if gpu:
+        header = (*header, "gpu", "gpu peak")
+        body = [(*row, *gpu.get(int(row[0]), ("-", "-"))) for row in body]
     rows: list[tuple[str, ...]] = [header, *body]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()

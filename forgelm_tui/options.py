@@ -65,7 +65,7 @@ def _add_node_timeouts(own: argparse._ArgumentGroup) -> None:
 def _add_launch_options(parser: argparse.ArgumentParser) -> None:
     tr = parser.add_argument_group("torchrun-compatible options")
     tr.add_argument("--nproc-per-node", "--nproc_per_node", dest="nproc_per_node",
-                    metavar="N", help="ranks on this node: a number, 'cpu' or 'auto'")
+                    metavar="N", help="ranks on this node: a number, 'cpu', 'gpu' or 'auto'")
     tr.add_argument("--nnodes", default=None,
                     help="nodes: N or N:N (one forgelm-tui per node; default 1, or SLURM's)")
     tr.add_argument("--node-rank", "--node_rank", dest="node_rank", default=None,
@@ -183,19 +183,26 @@ def _target(rest: list[str]) -> Target:
 
 
 def parse_count(text: str | None, what: str, default: int) -> int:
+    """A rank count as torchrun reads ``--nproc-per-node``: a number, ``cpu`` (the CPU count),
+    ``gpu`` (the GPUs CUDA_VISIBLE_DEVICES shows; an error without one, as torchrun's "Cuda
+    is not available") or ``auto`` (those GPUs when there are any, else the CPU count)."""
     if text is None:
         return default
-    if text in ("cpu", "auto"):
-        return os.cpu_count() or 1
-    if text == "gpu":
+    if text == "cpu":
+        return _cpu_count()
+    if text in ("gpu", "auto"):
         gpus = _gpu_count()
-        if gpus == 0:
-            raise UsageError(f"{what} gpu: no GPU found on this machine")
-        return gpus
+        if gpus:
+            return gpus
+        if text == "gpu":
+            raise UsageError(f"{what} gpu: no GPU visible here (NVML found none, or "
+                             "CUDA_VISIBLE_DEVICES hides them all)")
+        return _cpu_count()
     try:
         value = int(text)
     except ValueError:
-        raise UsageError(f"{what} must be a whole number, got {text!r}") from None
+        raise UsageError(f"{what} must be a whole number, 'cpu', 'gpu' or 'auto', "
+                         f"got {text!r}") from None
     if value < 1:
         raise UsageError(f"{what} must be at least 1, got {value}")
     return value
@@ -216,13 +223,18 @@ def parse_restarts(text: str) -> int:
     if value < 0:
         raise UsageError(f"--max-restarts must not be negative, got {value}")
     return value
+def _cpu_count() -> int:
+    """The CPUs this process may run on, as torchrun counts them (affinity, then the count)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
 
 
 def _gpu_count() -> int:
-    try:
-        return len(os.listdir("/proc/driver/nvidia/gpus"))
-    except OSError:
-        return 0
+    """NVML's devices as CUDA_VISIBLE_DEVICES filters them: no torch import here."""
+    from forgelm_tui.engine.gpu import visible_gpu_count  # only when asked
+
+    return visible_gpu_count(os.environ)
 
 
 def parse_signals(text: str) -> tuple[int, ...]:

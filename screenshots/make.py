@@ -12,6 +12,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from scripted import STATES, FakeClock, ScriptedRun, scripted_app, state_running
+from scripted_gpu import MEMORY, RUNNING, devices, gpu_app, sample
 
 from forgelm_tui.engine import events as ev
 
@@ -60,10 +61,19 @@ async def shoot_attach() -> Path:
         return Path(app.save_screenshot(filename="attach.svg", path=str(HERE)))
 
 
+async def shoot_gpus() -> Path:
+    """8 ranks on 8 GPUs, rank 3 close to running out (the GPU snapshot test's state)."""
+    app, _, prepare = gpu_app(sample(devices(), RUNNING, MEMORY))
+    async with app.run_test(size=SIZE) as pilot:
+        await prepare(pilot)
+        return Path(app.save_screenshot(filename="gpus.svg", path=str(HERE)))
+
+
 def main() -> None:
-    """Every screenshot, or those named (``python screenshots/make.py attach``)."""
-    for name in sys.argv[1:] or [*STATES, "attach"]:
-        print(asyncio.run(shoot_attach() if name == "attach" else shoot(name)))
+    """Every screenshot, or those named (``python screenshots/make.py attach gpus``)."""
+    extra = {"attach": shoot_attach, "gpus": shoot_gpus}
+    for name in sys.argv[1:] or [*STATES, *extra]:
+        print(asyncio.run(extra[name]() if name in extra else shoot(name)))
 
 
 if __name__ == "__main__":

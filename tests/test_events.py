@@ -38,7 +38,10 @@ VERDICT = Verdict(2, "EXIT_TRAINING_ERROR", "runtime error", "investigate logs",
 RANK = ev.RankSnapshot(1, 1, 0, 4242, RankState.STOPPING, 1.5, None, None, None,
                        (SignalSent(15, 2.0, "cancelled by operator", Purpose.STOP),),
                        "step 3 \u00e9", 2.5, 3, 10, {"loss": 0.25}, ProgressSource.CHANNEL,
-                       12.5, 1 << 30, 2, progress_evidence=ProgressEvidence.STEPS)
+                       12.5, 1 << 30, 2, progress_evidence=ProgressEvidence.STEPS,
+                       gpu=ev.RankGpu(1, (ev.GpuDevice(0, "GPU-a", "H100", 87.0, 30 << 30,
+                                                       80 << 30, 61, 250.5),), 5 << 30))
+GPU = ev.GpuDevice(0, "GPU-a", "H100", 87.0, 30 << 30, 80 << 30, 61, 250.5)
 STOPPING = ev.RunStopping(StopKind.CANCEL, "cancelled by operator", "operator", 30.0, (0, 1),
                           1.0)
 EXAMPLES: list[Any] = [
@@ -47,6 +50,8 @@ EXAMPLES: list[Any] = [
     ev.RankStateChanged(0, RankState.QUIET),
     ev.RankOutput(1, Stream.STDERR, b"line one\n\xff\xfe not utf-8 \x1b[31m\r\nlast"),
     ev.RankSampled(0, 97.5, 1 << 31, 3, 4.5, 0x202, 1 << 63),
+    ev.GpuSampled((GPU, ev.GpuDevice(1, "GPU-b", "H100", None, None, None, lost=True)),
+                  (ev.RankGpu(0, (GPU,), 5 << 30), ev.RankGpu(1, (), None)), 2.5),
     ev.RankSignalled(0, 40, Purpose.FORWARD, "SIGRTMIN+6 forwarded", 2.0),
     ev.RankExited(1, None, 9, True, 3.0),
     STOPPING,

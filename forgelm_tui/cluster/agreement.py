@@ -68,6 +68,9 @@ def merge(base: dict[str, Any], finals: dict[int, dict[str, Any]], verdict: Verd
     if stop is not None:
         envelope["stop"] = {**(envelope.get("stop") or {}), **_stop_dict(stop)}
     envelope["root_cause_rank"] = verdict.deciding_rank if verdict.rule == 2 else None
+    causes = [f["envelope"].get("root_cause_gpu") for _, f in sorted(finals.items())]
+    envelope["root_cause_gpu"] = next(  # the root cause's node had it as its own root cause
+        (c for c in causes if c and c["rank"] == envelope["root_cause_rank"]), None)
     envelope["nodes"] = [_node_dict(n, finals.get(n), n in lost) for n in range(nnodes)]
     envelope["agreement"] = {"agreed": True, "decided_by_node": 0, "nodes_lost": lost}
     outside = [f["envelope"].get("outside_signal") for _, f in sorted(finals.items())]

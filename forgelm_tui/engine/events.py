@@ -13,6 +13,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from functools import cached_property
 
+from forgelm_tui.engine.gpu_events import GpuDevice as GpuDevice  # re-exported: every event
+from forgelm_tui.engine.gpu_events import GpuSampled as GpuSampled  # is an events.X
+from forgelm_tui.engine.gpu_events import RankGpu as RankGpu
 from forgelm_tui.engine.sanitize import sanitize_block, sanitize_line
 from forgelm_tui.verdict import StopKind, Verdict
 
@@ -330,6 +333,7 @@ class RankSnapshot:
     caught_mask: int = 0
     ignored_mask: int = 0
     progress_evidence: ProgressEvidence | None = None
+    gpu: RankGpu | None = None  # its last GPU sample; None without GPU sampling
 
 
 @dataclass(frozen=True)
@@ -348,6 +352,7 @@ class RunSnapshot:
     node_rank: int = 0  # multi-node: this node; other nodes' ranks follow as NodeChanged
     nnodes: int = 1
     attempt: AttemptStarted | None = None  # with --max-restarts: the attempt under way
+    gpus: tuple[GpuDevice, ...] = ()  # this node's devices at the last GPU sample
 
 
 class NodeState(StrEnum):
@@ -377,6 +382,7 @@ Event = (
     | RankStateChanged
     | RankOutput
     | RankSampled
+    | GpuSampled
     | RankSignalled
     | RankExited
     | RunStopping

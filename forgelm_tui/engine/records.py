@@ -15,6 +15,7 @@ from forgelm_tui.engine.events import (
     ProgressEvidence,
     ProgressSource,
     Purpose,
+    RankGpu,
     RankSnapshot,
     RankStacks,
     RankState,
@@ -108,6 +109,10 @@ class RankRecord:
     stopped_step: int | None = None  # the step at which it stopped on an agreement
     stacks_handler: StacksHandler | None = None  # announced: it may get the stacks signal
     stacks: RankStacks | None = None  # where it was stuck, at the last capture
+    gpu: RankGpu | None = None  # its last GPU sample (engine/gpu.py); None: no GPU sampling
+    gpu_at: float | None = None  # ...taken then (epoch seconds)
+    gpu_uuids: list[str] = field(default_factory=list)  # every device it held, in order seen
+    peak_gpu_memory_bytes: int | None = None  # the most its processes held on GPUs at once
 
     @property
     def alive(self) -> bool:
@@ -195,7 +200,7 @@ class RankRecord:
             total=self.total, metrics=dict(self.metrics), progress_source=self.progress_source,
             cpu_percent=self.cpu_percent, rss_bytes=self.rss_bytes, children=self.children,
             caught_mask=self.caught_mask, ignored_mask=self.ignored_mask,
-            progress_evidence=self.evidence_told,
+            progress_evidence=self.evidence_told, gpu=self.gpu,
         )
 
 

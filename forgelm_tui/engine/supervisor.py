@@ -33,7 +33,7 @@ from forgelm_tui.engine.records import (
     StopRecord,
     rank_record,
 )
-from forgelm_tui.engine.sampler import Sample, SamplingLoop, apply_sample
+from forgelm_tui.engine.sampler import GpuFold, Sample, SamplingLoop, apply_sample
 from forgelm_tui.engine.spawn import pipe_capacity
 from forgelm_tui.engine.spec import LaunchSpec, rank_env
 from forgelm_tui.engine.stacks import StackCapture, find_py_spy
@@ -59,6 +59,7 @@ class Supervisor:
         self.ended_at: float | None = None
         self._base_env = dict(os.environ if base_env is None else base_env)
         self._guardian = guardian
+        self._gpu = GpuFold(self.records, self.emit)  # GPU samples -> records, GpuSampled
         self._listeners: list[Listener] = []
         self._held: list[ev.Event] | None = None
         self._shown: dict[int, RankState] = {r: RankState.STARTING for r in self.records}
@@ -98,7 +99,8 @@ class Supervisor:
         return ev.RunSnapshot(
             self.spec.run_id, self.spec.world_size, self.spec.argv, str(self.spec.run_dir),
             self.started_at, tuple(r.snapshot() for r in self.records.values()), stop,
-            self.ended_at, node_rank=self.spec.node_rank, nnodes=self.spec.nnodes)
+            self.ended_at, node_rank=self.spec.node_rank, nnodes=self.spec.nnodes,
+            gpus=self._gpu.devices)
 
     # ----------------------------------------------------------------- events out
 
@@ -144,7 +146,7 @@ class Supervisor:
         self._processes = RankProcesses(loop, self._on_exit, self._guardian)
         self._drain = OutputDrain(loop, self.emit, ProgressReader(self.emit), self._check_finished)
         self._sampling = SamplingLoop(loop, self.spec.sample_interval, self._policy.live,
-                                      self._on_samples)
+                                      self._on_samples, self._gpu, self._base_env)
         self.started_at = time.time()
         channel = self._open_channel(loop)
         own_signals = OwnSignals(self, self.spec.forward_signals)

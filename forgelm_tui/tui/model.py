@@ -16,6 +16,7 @@ from typing import NamedTuple
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.events import Purpose, RankState
 from forgelm_tui.signames import handles, signal_name
+from forgelm_tui.tui.gpu_view import GpuView
 from forgelm_tui.verdict import describe
 
 LOG_KEEP_MERGED = 20_000  # lines of the merged view kept in memory
@@ -250,7 +251,7 @@ class RunModel:
         self.verdict: ev.VerdictReached | None = None
         self.logs = LogStore()
         self.notices: deque[str] = deque(maxlen=50)
-        self.node_rank, self.nnodes = 0, 1
+        self.node_rank, self.nnodes, self.gpu = 0, 1, GpuView()  # gpu: tui/gpu_view.py
         self.nodes: dict[int, ev.NodeState] = {}  # other nodes of a multi-node run
         self.changed = True
 
@@ -263,6 +264,7 @@ class RunModel:
 
     def apply(self, event: ev.Event) -> None:
         self.changed = True
+        self.gpu.apply(event)
         match event:
             case ev.RankOutput(rank=rank) as output:
                 row = self.row(rank)
@@ -319,6 +321,7 @@ class RunModel:
         self.world_size, self.started_at = snapshot.world_size, snapshot.started_at or 0.0
         self.node_rank, self.nnodes = snapshot.node_rank, snapshot.nnodes
         self.ranks = {r.rank: _row(r) for r in snapshot.ranks}
+        self.gpu.restore(snapshot)
         self.state = "running" if snapshot.started_at is not None else "starting"
         if snapshot.stop is not None:
             self._run_event(snapshot.stop)

@@ -19,6 +19,7 @@ from textual.widgets import DataTable
 
 from forgelm_tui.engine.events import ProgressEvidence
 from forgelm_tui.tui.model import RankRow, RunModel
+from forgelm_tui.tui.widgets.gpu_cells import GPU_COLUMNS, GPU_KEYS, gpu_cells
 
 LAST_LINE_CHARS = 40  # the log pane has the whole line; the table only a glimpse
 
@@ -32,6 +33,7 @@ COLUMNS = (
     ("state", "state", 8),
     ("cpu", "CPU %", 5),
     ("rss", "RSS", 10),
+    *GPU_COLUMNS,  # only once a GPU sample came (tui/widgets/gpu_cells.py)
     ("children", "kids", 4),
     ("uptime", "uptime", 6),
     ("age", "out age", 7),
@@ -40,7 +42,8 @@ COLUMNS = (
     ("signal", "signal", 6),
     ("last", "last line", LAST_LINE_CHARS),
 )
-WIDEST = {"last": LAST_LINE_CHARS, "signal": 32, "progress": 24}  # wider values are clipped
+WIDEST = {"last": LAST_LINE_CHARS, "signal": 32, "progress": 24,
+          "gpu_mem": 24}  # wider values are clipped
 
 CORE = -1  # a progress floor: its step/total, never clipped ("40/100" of "40/100 loss 2.2")
 # How columns give way when the table is too narrow, in this order: (key, floor) shrinks the
@@ -49,9 +52,10 @@ CORE = -1  # a progress floor: its step/total, never clipped ("40/100" of "40/10
 GIVE_WAY: tuple[tuple[str, int | None], ...] = (
     ("last", 24), ("signal", 24),
     ("cpu", None), ("rss", None), ("children", None), ("uptime", None),
+    ("gpu_util", None),
     ("local", None), ("pid", None), ("node", None), ("last", 12), ("progress", CORE),
     ("signal", 18),
-    ("age", None), ("last", None),
+    ("age", None), ("last", None), ("gpu_mem", None), ("gpu", None),
     ("signal", 8), ("exit", 6), ("progress", None),
 )
 NUMBER = "0123456789.,/:+-eE%"  # the characters a number is written with (for a cut)
@@ -166,6 +170,7 @@ class RankTable(DataTable[Text]):
         self._wanted = {key: width for key, _, width in COLUMNS}
         self._core = 0
         self.multi_node = False  # the node column shows only then
+        self.gpu_shown = False  # the GPU columns show only then
         self.shown_widths: dict[str, int] = {}  # the columns shown and their widths
 
     def cells(self, model: RunModel, row: RankRow) -> dict[str, Cell]:
@@ -180,6 +185,7 @@ class RankTable(DataTable[Text]):
             "state": (row.state.value, style),
             "cpu": (f"{row.cpu_percent:5.1f}" if active else "-", ""),
             "rss": (human_bytes(row.rss_bytes) if active and row.rss_bytes else "-", ""),
+            **gpu_cells(model.gpu, row.rank, active),  # in COLUMNS' order: add_row is by position
             "children": (str(row.children) if active else "-", ""),
             "uptime": (human_seconds(model.uptime(row)), ""),
             "age": (human_seconds(model.output_age(row)), ""),
@@ -196,6 +202,7 @@ class RankTable(DataTable[Text]):
         per refresh whatever the number of changed cells.
         """
         self.multi_node = model.nnodes > 1
+        self.gpu_shown = model.gpu.seen
         for rank in sorted(model.ranks):
             cells = self.cells(model, model.ranks[rank])
             self._cells[rank] = cells
@@ -243,7 +250,8 @@ class RankTable(DataTable[Text]):
 
     def _fit(self) -> dict[str, int]:
         width = self.scrollable_content_region.width if self.size.width else 0
-        wanted = {k: w for k, w in self._wanted.items() if self.multi_node or k != "node"}
+        wanted = {k: w for k, w in self._wanted.items() if (self.multi_node or k != "node")
+                  and (self.gpu_shown or k not in GPU_KEYS)}
         return fit_columns(wanted, width, self._core)
 
     def _clipped(self, cells: dict[str, Cell]) -> dict[str, Cell]:

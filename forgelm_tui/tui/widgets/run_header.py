@@ -1,4 +1,5 @@
-"""The run's header: state, the grace countdown, the verdict, elapsed time; then the command.
+"""The run's header: state, the grace countdown, the verdict, elapsed time; then the command;
+then, once GPUs were sampled, each device's figures (``gpu0 87% 30.0/80.0 GiB 61C 250 W``).
 
 The first line never wraps: when it does not fit, its least useful parts go first (the name, the
 run id, the rank count...), and the state, the countdown and the exit code stay. The command is
@@ -12,6 +13,8 @@ from typing import Any, NamedTuple
 from rich.text import Text
 from textual.widget import Widget
 
+from forgelm_tui.engine.events import GpuDevice
+from forgelm_tui.gpu_text import devices_line
 from forgelm_tui.tui.attempt import attempt_label
 from forgelm_tui.tui.model import RunModel
 from forgelm_tui.tui.widgets.rank_table import human_seconds
@@ -88,15 +91,23 @@ class RunHeader(Widget):
         super().__init__(**kwargs)
         self._parts: list[Part] = []
         self._command = ""
+        self._gpus: tuple[GpuDevice, ...] = ()  # a third line, each device's figures
 
     def render(self) -> Text:
         width = self.size.width or 80
         command = Text(self._command, style="dim", no_wrap=True, overflow="ellipsis")
         command.truncate(width, overflow="ellipsis")
-        return Text("\n", no_wrap=True).join([fit_line(self._parts, width), command])
+        lines = [fit_line(self._parts, width), command]
+        if self._gpus:
+            gpus = Text(devices_line(self._gpus, width), no_wrap=True, overflow="ellipsis")
+            gpus.truncate(width, overflow="ellipsis")
+            lines.append(gpus)
+        return Text("\n", no_wrap=True).join(lines)
 
     def render_for(self, model: RunModel, verdict_label: str | None) -> None:
         parts, command = header_parts(model, verdict_label), " ".join(model.command)
-        if parts != self._parts or command != self._command:
-            self._parts, self._command = parts, command
+        gpus = model.gpu.devices
+        if parts != self._parts or command != self._command or gpus != self._gpus:
+            self._parts, self._command, self._gpus = parts, command, gpus
+            self.set_class(bool(gpus), "-gpu")  # three lines (CSS): a layout pass, once
             self.refresh()
