@@ -228,6 +228,23 @@ def stacks_lines(event: ev.StacksCaptured) -> list[str]:
     return lines
 
 
+_DESCENDANT_ENDED = {"sigterm": "stopped with SIGTERM", "sigkill": "killed with SIGKILL",
+                     "gone": "gone", None: "still running after SIGKILL"}
+
+
+def descendant_lines(descendants: Sequence[dict[str, Any]]) -> list[str]:
+    """One line per process a rank left outside its group that the supervisor stopped (one
+    that exited on its own is only in the envelope)."""
+    lines = []
+    for d in descendants:
+        if d["ended"] == "exited":
+            continue
+        whose = "a rank's" if d["rank"] is None else f"rank {d['rank']}'s"
+        name = d["command"].split(" ", 1)[0] or "?"
+        lines.append(f"{whose} descendant pid {d['pid']} ({name}) {_DESCENDANT_ENDED[d['ended']]}")
+    return lines
+
+
 def _ranks(ranks: Iterable[int]) -> str:
     return ",".join(str(r) for r in ranks) or "-"
 

@@ -20,7 +20,7 @@ from forgelm_tui.engine.guardian import Guardian
 from forgelm_tui.engine.records import CancelSource
 from forgelm_tui.engine.supervisor import Supervisor
 from forgelm_tui.forgelm_mode import extract_result
-from forgelm_tui.headless import HeadlessView, OutputSink
+from forgelm_tui.headless import HeadlessView, OutputSink, descendant_lines
 from forgelm_tui.plan import Plan, RunInfo
 from forgelm_tui.verdict import RankEnding, StopFacts, Verdict, decide, prelaunch_failure
 
@@ -80,6 +80,7 @@ class RunReport:
             stop=sup.stop,
             cancels=sup.cancels,
             forwards=sup.forwards,
+            descendants=sup.descendants.entries(),
             results={} if provisional else self._results(),
             provisional=provisional,
         )
@@ -210,6 +211,8 @@ def execute(plan: Plan) -> int:
         guardian.close()
     for error in ending.write_errors:
         view.note(error)
+    for line in descendant_lines(ending.envelope.get("descendants", [])):
+        view.note(line)
     local = set(session.supervisor.records)
     remote = [r for r in ending.envelope.get("ranks", []) if r["rank"] not in local]
     view.summary(session.supervisor.records.values(), ending.verdict, ending.envelope_path,
