@@ -1,12 +1,13 @@
 """Rank program that leaves a daemon behind, outside its process group, then exits.
 
-argv: MARKS MODE CODE [--ignore-term] [--clean-env]
+argv: MARKS MODE CODE [--ignore-term] [--clean-env] [--stay]
 MODE: ``session`` (Popen start_new_session=True), ``double`` (a double fork with setsid),
 ``setsid`` (``setsid -f``: setsid(1) forks, the daemon is orphaned at once).
 Rank 1 starts the daemon, waits for it to write MARKS/daemon-1 (its pid), writes MARKS/env-1
 (this run's TORCHELASTIC_RUN_ID and supervisor token) and exits CODE. The other ranks exit 0
 at once when CODE is 0, else wait to be stopped. ``--ignore-term``: the daemon ignores SIGTERM;
-``--clean-env``: it runs with an empty environment (only the subreaper finds it).
+``--clean-env``: it runs with an empty environment (only the subreaper finds it);
+``--stay``: every rank waits to be stopped instead of exiting.
 The daemon keeps the rank's stdout and stderr (as tensorboard or a tracker launched from a
 training script does), so it also holds the rank's pipes open.
 
@@ -64,7 +65,7 @@ def main() -> None:
     marks, mode, code = sys.argv[1], sys.argv[2], int(sys.argv[3])
     rank = int(os.environ["RANK"])
     if rank != 1:
-        if code != 0:
+        if code != 0 or "--stay" in sys.argv:
             time.sleep(3600)
         return
     env = {} if "--clean-env" in sys.argv else None
@@ -76,6 +77,8 @@ def main() -> None:
         handle.write(f"{os.environ['TORCHELASTIC_RUN_ID']}\n"
                      f"{os.environ.get('FORGELM_TUI_SUPERVISOR', '')}\n")
     print(f"rank {rank}: daemon started ({mode}), exiting {code}", flush=True)
+    if "--stay" in sys.argv:
+        time.sleep(3600)
     sys.exit(code)
 
 
