@@ -105,6 +105,24 @@ def _rank_of(environ: bytes | None) -> int | None:
         return None
 
 
+def children() -> set[int] | None:
+    """This process's children (any thread's), from /proc; None where the kernel has no such
+    file (CONFIG_PROC_CHILDREN): then every process's parent is read instead."""
+    kids: set[int] = set()
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    for tid in tasks:
+        data = _read(f"/proc/self/task/{tid}/children")
+        if data is None:
+            if os.path.exists(f"/proc/self/task/{tid}"):
+                return None
+            continue  # the thread ended meanwhile
+        kids.update(int(pid) for pid in data.split())
+    return kids
+
+
 def reap(pid: int) -> None:
     """Collect an adopted orphan's exit (a zombie of ours that is no rank)."""
     with contextlib.suppress(ChildProcessError, OSError):
@@ -239,13 +257,14 @@ class Descendants:
         """Live processes carrying the token, and adopted orphans; never a rank or its group."""
         me, own_group = os.getpid(), os.getpgrp()
         ranks = {r.pid for r in self._records.values() if r.pid is not None}
+        kids = children() if self._adopt else set()
         for name in os.listdir("/proc"):
             if not name.isdigit() or int(name) in self._skip or int(name) in ranks:
                 continue
             pid = int(name)
             environ = _read(f"/proc/{pid}/environ")
             marked = environ is not None and self._needle in b"\0" + environ
-            if not marked and not self._adopt:
+            if not marked and not (self._adopt and (kids is None or pid in kids)):
                 continue
             stat = read_stat(pid)
             if stat is None:
