@@ -7,16 +7,27 @@ however it ended, no process may carry this run's id or its supervisor's token f
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from conftest import pid_alive, rank_script, start, wait_for
 
-from forgelm_tui.engine.descendants import TOKEN_ENV, env_value
+from forgelm_tui.engine.descendants import (
+    END_GRACE,
+    KILL_WAIT,
+    TOKEN_ENV,
+    Descendants,
+    env_value,
+)
+from forgelm_tui.engine.records import DescendantEnd, RankRecord
 
 DAEMON = rank_script("daemon.py")
 GONE_WITHIN = 2.0
@@ -176,3 +187,68 @@ def test_env_value_reads_one_variable() -> None:
     assert env_value(environ, "RANK") == "3"
     assert env_value(b"RANK=0\0", "RANK") == "0"
     assert env_value(environ, "MISSING") is None
+
+
+def _marked_process(token: str, argv: list[str]) -> subprocess.Popen[bytes]:
+    env = {**os.environ, TOKEN_ENV: token, "RANK": "5"}
+    return subprocess.Popen(argv, env=env, start_new_session=True)
+
+
+def test_the_scan_leaves_ranks_and_their_groups_and_records_who_exited() -> None:
+    """In-process: a "rank" (a group leader with the token) and its child in its group are the
+    group's business; a process in a session of its own is a descendant, and one that ended
+    before any signal is recorded as ``exited``."""
+    rank = RankRecord(0, 0, 0, "", "", "")
+    descendants = Descendants({0: rank})
+    group = _marked_process(descendants.token, ["sh", "-c", "sleep 30 & wait"])
+    loner = _marked_process(descendants.token, [sys.executable, "-c",
+                                                "import time; time.sleep(60)"])
+    try:
+        rank.pid = group.pid
+        wait_for(lambda: len(carrying([f"{TOKEN_ENV}={descendants.token}".encode()])) >= 3, 10,
+                 "the three marked processes")
+        live = descendants._refresh()
+        assert [d.pid for d in live] == [loner.pid]
+        assert live[0].rank == 5
+        assert live[0].found_by == "environment"
+        assert live[0].command.startswith("python")
+        loner.kill()
+        loner.wait()
+        assert descendants._refresh() == []
+        assert descendants.found[loner.pid].ended is DescendantEnd.EXITED
+    finally:
+        for proc in (group, loner):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def test_the_end_stops_what_is_left_then_says_so(tmp_path: Path) -> None:
+    """In-process, on a loop: SIGTERM, and SIGKILL for one that ignores it, within the bound."""
+    descendants = Descendants({})
+    ignoring = _marked_process(descendants.token, [
+        sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
+        f" open({str(tmp_path / 'ready')!r}, 'w').close(); time.sleep(60)"])
+    plain = _marked_process(descendants.token, ["sleep", "60"])
+    try:
+        wait_for(lambda: (tmp_path / "ready").exists(), 10, "the SIGTERM-ignoring process")
+
+        async def end() -> float:
+            done = asyncio.Event()
+            began = time.monotonic()
+            if descendants.stopping(done.set):
+                await asyncio.wait_for(done.wait(), 10)
+            return time.monotonic() - began
+
+        took = asyncio.run(end())
+        ignoring.wait(5)
+        plain.wait(5)
+        ended = {d.pid: d.ended for d in descendants.entries()}
+        assert ended == {ignoring.pid: DescendantEnd.SIGKILL, plain.pid: DescendantEnd.SIGTERM}
+        assert took < END_GRACE + KILL_WAIT + 0.5
+        assert descendants.stopping(lambda: None) is False  # once over, it stays over
+    finally:
+        for proc in (ignoring, plain):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
