@@ -241,7 +241,8 @@ def descendant_lines(descendants: Sequence[dict[str, Any]]) -> list[str]:
             continue
         whose = "a rank's" if d["rank"] is None else f"rank {d['rank']}'s"
         name = d["command"].split(" ", 1)[0] or "?"
-        lines.append(f"{whose} descendant pid {d['pid']} ({name}) {_DESCENDANT_ENDED[d['ended']]}")
+        how = _DESCENDANT_ENDED.get(d["ended"], d["ended"])
+        lines.append(f"{whose} descendant pid {d['pid']} ({name}) {how}")
     return lines
 
 

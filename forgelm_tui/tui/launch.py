@@ -7,6 +7,7 @@ import os
 import sys
 
 from forgelm_tui.engine.guardian import Guardian
+from forgelm_tui.headless import descendant_lines
 from forgelm_tui.plan import Plan
 from forgelm_tui.run import Session
 from forgelm_tui.tui.app import build_app
@@ -28,6 +29,8 @@ def execute_tui(plan: Plan) -> int:
     if ending is None:
         _say("forgelm-tui: the view ended before the run; every rank was stopped")
         return 2
+    for line in descendant_lines(ending.envelope.get("descendants", [])):
+        _say(f"forgelm-tui: {line}")
     verdict = ending.verdict
     where = f"; envelope: {ending.envelope_path}" if ending.envelope_path else ""
     _say(f"forgelm-tui: exit {verdict.code} {verdict.name} ({verdict.rule_text}){where}")
