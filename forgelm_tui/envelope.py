@@ -16,7 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from forgelm_tui import __version__
-from forgelm_tui.engine.records import CancelRequest, ForwardRequest, RankRecord, StopRecord
+from forgelm_tui.engine.records import (
+    CancelRequest,
+    DescendantRecord,
+    ForwardRequest,
+    RankRecord,
+    StopRecord,
+)
 from forgelm_tui.envelope_gpu import last_gpu_sample, rank_gpu
 from forgelm_tui.plan import RunInfo
 from forgelm_tui.signames import signal_name
@@ -151,6 +157,7 @@ def build(
     stop: StopRecord | None = None,
     cancels: Sequence[CancelRequest] = (),
     forwards: Sequence[ForwardRequest] = (),
+    descendants: Sequence[DescendantRecord] = (),
     results: dict[int, dict[str, Any]] | None = None,
     provisional: bool = False,
 ) -> dict[str, Any]:
@@ -220,6 +227,7 @@ def build(
              "at": iso(f.at), "ranks": list(f.ranks)}
             for f in forwards
         ],
+        "descendants": [descendant_dict(d) for d in descendants],
         "root_cause_rank": verdict.deciding_rank if verdict.rule == 2 else None,
         "root_cause_gpu": last_gpu_sample(next(
             (r for r in ranks if verdict.rule == 2 and r.rank == verdict.deciding_rank), None)),
@@ -231,6 +239,20 @@ def build(
         ],
     }
     return envelope
+
+
+def descendant_dict(record: DescendantRecord) -> dict[str, Any]:
+    """A process a rank left outside its process group, and how it ended."""
+    return {
+        "pid": record.pid,
+        "rank": record.rank,
+        "command": record.command,
+        "found_by": record.found_by,
+        "seen_at": iso(record.seen_at),
+        "signals": [{"signal": _sig_name(sig), "at": iso(at)} for sig, at in record.signals],
+        "ended": None if record.ended is None else record.ended.value,
+        "ended_at": iso(record.ended_at),
+    }
 
 
 def _outside_signal(records: Sequence[RankRecord]) -> dict[str, Any] | None:

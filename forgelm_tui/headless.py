@@ -234,7 +234,7 @@ def ending_notes(envelope: dict[str, Any]) -> list[str]:
         last = attempts[-1]["restart"] if attempts and attempts[-1]["restart"] else {}
         notes.append(f"attempt {len(attempts)}/{envelope['max_restarts'] + 1} was the last: "
                      f"{last.get('why', '-')}; each restart's logs in attempt-K/ of the run dir")
-    return notes
+    return notes + descendant_lines(envelope.get("descendants", []))
 
 
 def stacks_lines(event: ev.StacksCaptured) -> list[str]:
@@ -252,6 +252,24 @@ def stacks_lines(event: ev.StacksCaptured) -> list[str]:
                          f"(see {stacks.file})")
         else:
             lines.append(f"rank {stacks.rank}: no stacks ({stacks.note})")
+    return lines
+
+
+_DESCENDANT_ENDED = {"sigterm": "stopped with SIGTERM", "sigkill": "killed with SIGKILL",
+                     "gone": "gone", None: "still running after SIGKILL"}
+
+
+def descendant_lines(descendants: Sequence[dict[str, Any]]) -> list[str]:
+    """One line per process a rank left outside its group that the supervisor stopped (one
+    that exited on its own is only in the envelope)."""
+    lines = []
+    for d in descendants:
+        if d["ended"] == "exited":
+            continue
+        whose = "a rank's" if d["rank"] is None else f"rank {d['rank']}'s"
+        name = d["command"].split(" ", 1)[0] or "?"
+        how = _DESCENDANT_ENDED.get(d["ended"], d["ended"])
+        lines.append(f"{whose} descendant pid {d['pid']} ({name}) {how}")
     return lines
 
 

@@ -110,6 +110,7 @@ class RunReport:
             stop=sup.stop,
             cancels=sup.cancels,
             forwards=sup.forwards,
+            descendants=sup.descendants.entries(),
             results={} if provisional else self._results(),
             provisional=provisional,
         )

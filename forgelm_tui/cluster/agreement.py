@@ -62,6 +62,9 @@ def merge(base: dict[str, Any], finals: dict[int, dict[str, Any]], verdict: Verd
     envelope["cancel_requests"] = [
         {**c, "node_rank": node} for node, f in sorted(finals.items())
         for c in f["envelope"]["cancel_requests"]]
+    envelope["descendants"] = [  # each node stopped what its own ranks left
+        {**d, "node_rank": node} for node, f in sorted(finals.items())
+        for d in f["envelope"].get("descendants", [])]
     origin = finals.get(stop["origin_node"]) if stop else None
     if origin is not None and origin["envelope"].get("cancelled"):
         envelope["cancelled"] = origin["envelope"]["cancelled"]

@@ -3,8 +3,10 @@
 A parent-death signal reaches only the rank process itself, not its children (DataLoader
 workers, a wrapper script's python). The guardian outlives a SIGKILLed supervisor: it holds the
 read end of a pipe whose only writer is the supervisor, learns each rank's process group through
-it, and when the pipe reaches end-of-file without a clean goodbye it sends SIGTERM to every group,
-waits a short grace and SIGKILLs what is left.
+it, and when the pipe reaches end-of-file without a clean goodbye it sends SIGTERM to every group
+and to every process carrying the supervisor's token in its environment (what the ranks started
+outside their groups: daemons, ``setsid``; engine/descendants.py), waits a short grace and
+SIGKILLs what is left.
 
 It is forked before any thread starts, runs in its own session (a terminal's Ctrl+C and a
 ``kill -- -PGID`` aimed at the supervisor's group do not reach it) and never imports anything.
@@ -19,18 +21,23 @@ import time
 
 GUARDIAN_GRACE = 1.0
 _GOODBYE = b"x"
+_TOKEN_ENV = "FORGELM_TUI_SUPERVISOR"  # descendants.TOKEN_ENV (the guardian imports nothing)
+_POLL = 0.02
 
 
 class Guardian:
     """The supervisor's end of the guardian pipe."""
 
     def __init__(self, grace: float = GUARDIAN_GRACE) -> None:
+        # The supervisor's token (descendants.TOKEN_ENV), given to the child at the fork.
+        self.token = os.urandom(8).hex()
+        needle = f"\0{_TOKEN_ENV}={self.token}\0".encode()
         read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
         pid = os.fork()
         if pid == 0:  # pragma: no cover - runs in the forked child
             try:
                 os.close(write_fd)
-                _watch(read_fd, grace)
+                _watch(read_fd, grace, needle)
             finally:
                 os._exit(0)
         os.close(read_fd)
@@ -69,7 +76,7 @@ class Guardian:
             os.write(self._fd, message)
 
 
-def _watch(fd: int, grace: float) -> None:  # pragma: no cover - runs in the forked child
+def _watch(fd: int, grace: float, needle: bytes) -> None:  # pragma: no cover - forked child
     os.setsid()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_IGN)
@@ -92,7 +99,7 @@ def _watch(fd: int, grace: float) -> None:  # pragma: no cover - runs in the for
                 groups.add(int(line[1:]))
             elif line[:1] == b"-":
                 groups.discard(int(line[1:]))
-    _stop_groups(groups, grace)
+    _stop_all(groups, needle, grace)
 
 
 def _close_other_fds(keep: int) -> None:  # pragma: no cover - runs in the forked child
@@ -103,14 +110,51 @@ def _close_other_fds(keep: int) -> None:  # pragma: no cover - runs in the forke
     os.closerange(keep + 1, 65536)
 
 
-def _stop_groups(groups: set[int], grace: float) -> None:  # pragma: no cover - forked child
+def _stop_all(groups: set[int], needle: bytes, grace: float) -> None:  # pragma: no cover
+    """SIGTERM to every rank group and every process with the token; SIGKILL after the grace
+    (the token is scanned again each time: a daemon may fork as it goes)."""
     live = {g for g in groups if _send(g, signal.SIGTERM)}
+    marked = _marked(needle)
+    for pid in marked:
+        _kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace
-    while live and time.monotonic() < deadline:
-        time.sleep(0.02)
+    while (live or marked) and time.monotonic() < deadline:
+        time.sleep(_POLL)
         live = {g for g in live if _send(g, 0)}
+        marked = _marked(needle)
     for group in live:
         _send(group, signal.SIGKILL)
+    deadline = time.monotonic() + grace
+    while marked and time.monotonic() < deadline:
+        for pid in marked:
+            _kill(pid, signal.SIGKILL)
+        time.sleep(_POLL)
+        marked = _marked(needle)
+
+
+def _marked(needle: bytes) -> list[int]:  # pragma: no cover - runs in the forked child
+    """Live processes whose environment carries the token (a zombie's reads empty)."""
+    found: list[int] = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return found
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as handle:
+                environ = handle.read()
+        except OSError:  # gone, or another user's
+            continue
+        if needle in b"\0" + environ:
+            found.append(int(name))
+    return found
+
+
+def _kill(pid: int, sig: int) -> None:  # pragma: no cover - runs in the forked child
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, sig)
 
 
 def _send(pgid: int, sig: int) -> bool:  # pragma: no cover - runs in the forked child

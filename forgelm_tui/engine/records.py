@@ -10,6 +10,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from enum import StrEnum
+from signal import SIGKILL
 
 from forgelm_tui.engine.events import (
     ProgressEvidence,
@@ -248,3 +249,41 @@ def rank_record(spec: LaunchSpec, local_rank: int) -> RankRecord:
                       stdout_log=str(spec.log_file(rank, "stdout")),
                       stderr_log=str(spec.log_file(rank, "stderr")),
                       error_file=str(spec.error_file(rank)))
+
+
+class DescendantEnd(StrEnum):
+    """How a process a rank left outside its process group ended (envelope ``descendants``)."""
+
+    EXITED = "exited"  # gone before the supervisor signalled it
+    SIGTERM = "sigterm"  # gone after the supervisor's SIGTERM
+    SIGKILL = "sigkill"  # gone after the supervisor's SIGKILL
+    GONE = "gone"  # gone, how unknown (it could not be signalled)
+
+
+@dataclass
+class DescendantRecord:
+    """A process a rank started that left the rank's process group (a daemon, ``setsid``)."""
+
+    pid: int
+    start_ticks: int  # its start time in /proc: the same pid later is another process
+    rank: int | None  # from its RANK variable, when readable
+    command: str  # argv[0]'s basename and a short command line
+    found_by: str  # "environment" (the supervisor's token) or "adopted" (an orphan of ours)
+    seen_at: float
+    signals: list[tuple[int, float]] = field(default_factory=list)  # what was sent, when
+    denied: bool = False  # a signal to it was refused (another user's process)
+    ended: DescendantEnd | None = None  # None: not seen to end (yet)
+    ended_at: float | None = None
+
+    def mark_gone(self) -> None:
+        if self.ended is not None:
+            return
+        self.ended_at = time.time()
+        last = self.signals[-1][0] if self.signals else None
+        if last is None:
+            self.ended = DescendantEnd.GONE if self.denied else DescendantEnd.EXITED
+        elif self.denied:
+            self.ended = DescendantEnd.GONE
+        else:
+            self.ended = (DescendantEnd.SIGKILL if last == SIGKILL
+                          else DescendantEnd.SIGTERM)

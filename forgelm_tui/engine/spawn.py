@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
 
 # Room in each output pipe. With the kernel's default 64 KiB a rank printing fast blocks within
 # a few ms whenever the supervisor is busy elsewhere (a TUI frame takes 10-30 ms); a bigger pipe
@@ -38,6 +39,12 @@ def _load_prctl() -> Callable[..., int] | None:
 
 
 _PRCTL = _load_prctl()
+
+
+def set_child_subreaper() -> bool:
+    """Orphans among this process's descendants (a rank's double-forked daemon) reparent to it
+    instead of init, so they stay its children (engine/descendants.py). False if refused."""
+    return _PRCTL is not None and _PRCTL(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
 
 
 def _child_setup(parent_pid: int, death_signal: int) -> Callable[[], None]:

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from forgelm_tui.channel import CHANNEL_ENV, STACKS_ENV, STACKS_SIGNAL, Message
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.channel import ChannelServer
+from forgelm_tui.engine.descendants import Descendants
 from forgelm_tui.engine.events import Purpose, RankState
 from forgelm_tui.engine.faults import FaultGuard, SupervisorError, listener_name
 from forgelm_tui.engine.guardian import Guardian
@@ -57,7 +58,8 @@ class Supervisor:
         self.forwards: list[ForwardRequest] = []  # for the envelope: what, to whom, who asked
         self.started_at: float | None = None
         self.ended_at: float | None = None
-        self._base_env = dict(os.environ if base_env is None else base_env)
+        self.descendants = Descendants(self.records, guardian)  # what ranks leave outside groups
+        self._base_env = {**(os.environ if base_env is None else base_env), **self.descendants.env}
         self._guardian = guardian
         self._gpu = GpuFold(self.records, self.emit)  # GPU samples -> records, GpuSampled
         self._listeners: list[Listener] = []
@@ -160,6 +162,7 @@ class Supervisor:
                                     self.spec.node_rank, self.spec.nnodes))
             self._spawn_all(channel)
             self._sampling.start()
+            self.descendants.watch()
             self._check_finished()
             await self._done
         finally:
@@ -317,6 +320,8 @@ class Supervisor:
         with self._signals_first():  # one pass: every rank is signalled before any event
             sent = [r for r in ranks
                     if self._processes.signal(r, sig, group=purpose.stops)]
+            if purpose.stops:  # and what the ranks started outside their groups
+                self.descendants.signal(sig)
             for record in sent:
                 self._record_signal(record, sig, purpose, reason)
         return sent
@@ -333,6 +338,8 @@ class Supervisor:
     def _check_finished(self) -> None:
         if self._finishing or not self._launched or self._policy.live():
             return
+        if self.descendants.stopping(self._check_finished):
+            return  # what the ranks left outside their groups is stopping; called back after
         if not self._ranks_gone:
             self._ranks_gone = True
             self._cleanup_groups()

@@ -7,6 +7,7 @@ import os
 import sys
 
 from forgelm_tui.engine.guardian import Guardian
+from forgelm_tui.headless import descendant_lines
 from forgelm_tui.internal_error import report_internal_error
 from forgelm_tui.plan import Plan
 from forgelm_tui.run import Session
@@ -29,6 +30,8 @@ def execute_tui(plan: Plan) -> int:
     if ending is None:  # the guardian stopped every rank group; the envelope says why
         error = RuntimeError("the view ended before the run")
         return report_internal_error(plan, error, _say, lambda _: None)
+    for line in descendant_lines(ending.envelope.get("descendants", [])):
+        _say(f"forgelm-tui: {line}")
     verdict = ending.verdict
     where = f"; envelope: {ending.envelope_path}" if ending.envelope_path else ""
     _say(f"forgelm-tui: exit {verdict.code} {verdict.name} ({verdict.rule_text}){where}")
