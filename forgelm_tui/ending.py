@@ -15,5 +15,13 @@ from forgelm_tui.verdict import Verdict
 class RunEnding:
     verdict: Verdict
     envelope: dict[str, Any]
-    envelope_path: str | None
+    envelope_path: str | None  # the first place it was written to; None if none
     write_errors: tuple[str, ...] = ()
+    envelope_paths: tuple[str, ...] = ()  # every file it was written to (and only those)
+
+    def where_line(self, on_stdout: bool = False) -> str:
+        """``; envelope: a, b`` for a closing line: files that exist, and nothing else."""
+        places = list(self.envelope_paths)
+        if on_stdout:
+            places.append("stdout")
+        return f"; envelope: {', '.join(places)}" if places else "; envelope: not written"

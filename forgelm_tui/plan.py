@@ -13,6 +13,7 @@ from pathlib import Path
 
 from forgelm_tui.cluster.config import cluster_config
 from forgelm_tui.cluster.join import ClusterConfig
+from forgelm_tui.engine.logfile import make_private_dir
 from forgelm_tui.engine.spec import LaunchSpec
 from forgelm_tui.forgelm_mode import JobConfigError, find_config_arg, read_job_config
 from forgelm_tui.options import (
@@ -159,7 +160,7 @@ class Planner:
             port = check_port(master_addr, ns.master_port)
             assert self.run_dir is not None
             try:
-                self.run_dir.mkdir(parents=True, exist_ok=True)
+                make_private_dir(self.run_dir)  # 0700, whatever the umask (docs/security.md)
             except OSError as exc:
                 raise UsageError(f"--run-dir {self.run_dir}: cannot create ({exc.strerror})") \
                     from None

@@ -279,6 +279,18 @@ class RankReportedStop:
 
 
 @dataclass(frozen=True)
+class LogNotKept:
+    """A rank's log file could not be written (a full or unwritable run dir): its output from
+    ``at`` on is not kept on disk (views still get it); retried every few seconds."""
+
+    rank: int
+    stream: Stream
+    path: str
+    error: str
+    at: float
+
+
+@dataclass(frozen=True)
 class RunFinished:
     """Every rank has ended and its output is drained."""
 
@@ -374,6 +386,7 @@ Event = (
     | RankProgressed
     | RankEvidenceChanged
     | RankReportedStop
+    | LogNotKept
     | RunFinished
     | VerdictReached
     | NodeChanged

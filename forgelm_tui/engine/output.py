@@ -7,6 +7,9 @@ Memory per rank stream is bounded whatever the rank writes: one read chunk (READ
 partial line held back (at most MAX_PENDING_BYTES; a longer line is shown by its head and
 skipped to its newline) and one event in flight (at most MAX_OUTPUT_BYTES), plus the stderr
 tail (STDERR_TAIL_LINES sanitised lines, each at most MAX_LINE_CHARS characters).
+
+A log that cannot be written (a full or unwritable run dir) never stops the draining: the
+:class:`LogFile` counts what it could not keep and tells views once (``LogNotKept``).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import IO
 
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.events import Stream
+from forgelm_tui.engine.logfile import LogFile, LogLoss, open_private
 from forgelm_tui.engine.progress import ProgressReader
 from forgelm_tui.engine.records import STDERR_TAIL_LINES, Evidence, RankRecord
 from forgelm_tui.engine.sanitize import MAX_PENDING_BYTES, LineSplitter
@@ -37,7 +41,7 @@ class OutputDrain:
         self._emit = emit
         self._progress = progress
         self._on_closed = on_closed
-        self._log_fds: dict[int, int] = {}  # pipe fd -> log fd
+        self._log_fds: dict[int, LogFile] = {}  # pipe fd -> its log
         self._pipes: dict[int, IO[bytes]] = {}  # pipe fd -> the pipe, closed once, by us
 
     @property
@@ -47,9 +51,9 @@ class OutputDrain:
     @contextlib.contextmanager
     def logs_for(self, record: RankRecord) -> Iterator[tuple[int, int]]:
         """The rank's two log files, opened before it starts; closed again if it cannot."""
-        out_fd = os.open(record.stdout_log, LOG_FLAGS, 0o644)
+        out_fd = open_private(record.stdout_log, LOG_FLAGS)
         try:
-            err_fd = os.open(record.stderr_log, LOG_FLAGS, 0o644)
+            err_fd = open_private(record.stderr_log, LOG_FLAGS)
         except OSError:
             os.close(out_fd)
             raise
@@ -63,11 +67,13 @@ class OutputDrain:
     def attach(self, record: RankRecord, proc: subprocess.Popen[bytes],
                logs: tuple[int, int]) -> None:
         assert proc.stdout is not None and proc.stderr is not None
-        for pipe, stream, log_fd in ((proc.stdout, Stream.STDOUT, logs[0]),
-                                     (proc.stderr, Stream.STDERR, logs[1])):
+        for pipe, stream, log_fd, path in (
+                (proc.stdout, Stream.STDOUT, logs[0], record.stdout_log),
+                (proc.stderr, Stream.STDERR, logs[1], record.stderr_log)):
             fd = pipe.fileno()
             self._pipes[fd] = pipe
-            self._log_fds[fd] = log_fd
+            self._log_fds[fd] = LogFile(log_fd, record.rank, stream.value, path,
+                                        on_loss=lambda loss, r=record: self._not_kept(r, loss))
             self._loop.add_reader(fd, self._readable, record, stream, fd, LineSplitter())
 
     def _readable(self, record: RankRecord, stream: Stream, fd: int,
@@ -83,7 +89,7 @@ class OutputDrain:
             self._deliver(record, stream, splitter.flush())
             self._on_closed()
             return
-        _write_all(self._log_fds[fd], data)
+        self._log_fds[fd].write(data)
         if stream is Stream.STDOUT:
             record.stdout_bytes += len(data)
         else:
@@ -106,23 +112,22 @@ class OutputDrain:
         self._emit(output)
         self._progress.read_output(record, block)
 
+    def _not_kept(self, record: RankRecord, loss: LogLoss) -> None:
+        record.log_losses.append(loss)
+        self._emit(ev.LogNotKept(record.rank, Stream(loss.stream), loss.path, loss.error,
+                                 loss.since))
+
     def _close(self, fd: int) -> None:
         self._loop.remove_reader(fd)
         pipe = self._pipes.pop(fd, None)
         if pipe is not None:
             with contextlib.suppress(OSError):
                 pipe.close()
-        log_fd = self._log_fds.pop(fd, None)
-        if log_fd is not None:
-            os.close(log_fd)
+        log = self._log_fds.pop(fd, None)
+        if log is not None:
+            log.close()
 
     def close_all(self) -> None:
         for fd in list(self._pipes):
             self._close(fd)
 
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]

@@ -20,6 +20,7 @@ from forgelm_tui.engine.events import (
     RankState,
     SignalSent,
 )
+from forgelm_tui.engine.logfile import LogLoss
 from forgelm_tui.engine.spec import LaunchSpec
 from forgelm_tui.verdict import RankEnding, StopKind
 
@@ -107,6 +108,7 @@ class RankRecord:
     stopped_step: int | None = None  # the step at which it stopped on an agreement
     stacks_handler: StacksHandler | None = None  # announced: it may get the stacks signal
     stacks: RankStacks | None = None  # where it was stuck, at the last capture
+    log_losses: list[LogLoss] = field(default_factory=list)  # what its logs did not keep
 
     @property
     def alive(self) -> bool:

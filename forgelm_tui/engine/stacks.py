@@ -30,6 +30,7 @@ from pathlib import Path
 
 from forgelm_tui.channel import STACKS_SIGNAL, stacks_file_name
 from forgelm_tui.engine import events as ev
+from forgelm_tui.engine.logfile import open_private
 from forgelm_tui.engine.records import RankRecord
 from forgelm_tui.engine.stack_text import faulthandler_threads, innermost, py_spy_threads
 from forgelm_tui.signames import signal_name
@@ -222,7 +223,7 @@ def _header(record: RankRecord, reason: str, via: str) -> str:
 def _append(path: Path, text: str) -> int | None:
     """Append (O_APPEND, as the rank's handler writes); the file's size after, or None."""
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = open_private(str(path), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC)
     except OSError:
         return None
     try:

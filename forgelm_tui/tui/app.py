@@ -164,7 +164,8 @@ class SupervisorApp(StacksActions):
         self.model.state = "finished"
         self.flush_logs()
         self.refresh_table()
-        self.query_one(VerdictPanel).show_verdict(ending.envelope, ending.envelope_path)
+        self.query_one(VerdictPanel).show_verdict(
+            ending.envelope, ", ".join(ending.envelope_paths) or ending.envelope_path)
         pane = self.query_one(LogPane)
         if pane.auto_scroll:  # the verdict panel took room: the newest line back in view
             self.call_after_refresh(pane.set_follow, True)

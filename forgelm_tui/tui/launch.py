@@ -9,6 +9,7 @@ import sys
 from forgelm_tui.engine.guardian import Guardian
 from forgelm_tui.plan import Plan
 from forgelm_tui.run import Session
+from forgelm_tui.storage import not_kept_line
 from forgelm_tui.tui.app import build_app
 
 
@@ -29,8 +30,11 @@ def execute_tui(plan: Plan) -> int:
         _say("forgelm-tui: the view ended before the run; every rank was stopped")
         return 2
     verdict = ending.verdict
-    where = f"; envelope: {ending.envelope_path}" if ending.envelope_path else ""
-    _say(f"forgelm-tui: exit {verdict.code} {verdict.name} ({verdict.rule_text}){where}")
+    for line in (*ending.write_errors, not_kept_line(ending.envelope)):
+        if line is not None:
+            _say(f"forgelm-tui: {line}")
+    _say(f"forgelm-tui: exit {verdict.code} {verdict.name} ({verdict.rule_text})"
+         f"{ending.where_line()}")
     return code if code is not None else verdict.code
 
 
