@@ -218,8 +218,8 @@ class HeadlessView:
 def log_not_kept_text(event: ev.LogNotKept) -> str:
     """The first log write that failed: said once, live; the summary says what was lost."""
     return (f"storage: cannot write rank {event.rank}'s {event.stream.value} log "
-            f"{event.path} ({event.error}); rank output that cannot be written is not kept on "
-            f"disk (tried again every {RETRY_EVERY:g} s), the run goes on")
+            f"{event.path} ({event.error}); rank output is still shown but may miss the disk "
+            f"from now on (tried again every {RETRY_EVERY:g} s); the run goes on")
 
 
 def stacks_lines(event: ev.StacksCaptured) -> list[str]:

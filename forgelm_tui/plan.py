@@ -288,4 +288,7 @@ class Planner:
         run_dir = self.run_dir or (Path(DEFAULT_RUN_ROOT) / self.run_id).absolute()
         self.info.run_dir = str(run_dir)
         paths = [run_dir / "envelope.json"]
-        return paths + [p for p in self.extra_paths if p not in paths]
+        for path in self.extra_paths:  # --envelope is seen twice (lenient pass, argparse)
+            if path not in paths:
+                paths.append(path)
+        return paths

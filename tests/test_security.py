@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import stat
 import subprocess
@@ -93,7 +94,8 @@ def test_properties_on_random_command_lines() -> None:
             value = f"v{rng.randrange(10**9)}"
             form = rng.choice(["--", "-", "env", "eq"])
             if form == "env":
-                argv.append(f"{name.replace('-', '_').upper()}={value}")
+                snake = re.sub(r"(?<=[a-z])(?=[A-Z])|[-.]", "_", name)  # awsSecretKey: AWS_SECRET_KEY
+                argv.append(f"{snake.upper()}={value}")
             elif form == "eq":
                 argv.append(f"--{name}={value}")
             else:

@@ -190,9 +190,9 @@ def test_ranks_drain_and_views_get_every_line_when_the_logs_fail(tmp_path: Path,
     storage = ending.envelope["storage"]
     assert storage["error"].startswith("ENOSPC")
     total = {r["rank"]: r["bytes_lost"] for r in storage["ranks"]}
-    for rank in (0, 1):
-        on_disk = (tmp_path / "run" / f"rank-{rank}.stdout.log").stat().st_size
-        assert on_disk == 4096 and on_disk + total[rank] == lines * 100
+    for record in ending.envelope["ranks"]:
+        on_disk = Path(record["stdout_log"]).stat().st_size
+        assert on_disk == 4096 and on_disk + total[record["rank"]] == record["stdout_bytes"]
     assert ending.envelope_paths == (str(tmp_path / "run" / "envelope.json"),)
 
 

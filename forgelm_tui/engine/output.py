@@ -31,7 +31,7 @@ from forgelm_tui.engine.sanitize import MAX_PENDING_BYTES, LineSplitter
 
 READ_CHUNK = 1 << 16
 MAX_OUTPUT_BYTES = READ_CHUNK + MAX_PENDING_BYTES + 1  # the most raw one RankOutput carries
-LOG_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+LOG_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW
 
 
 class OutputDrain:
