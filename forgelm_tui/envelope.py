@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from forgelm_tui import __version__
-from forgelm_tui.engine.logfile import error_text, make_private_dir, open_private
 from forgelm_tui.engine.records import CancelRequest, ForwardRequest, RankRecord, StopRecord
 from forgelm_tui.plan import RunInfo
+from forgelm_tui.private_files import error_text, make_private_dir, open_private
 from forgelm_tui.redact import redact_argv, redact_text
-from forgelm_tui.storage import note_not_written, storage_section
 from forgelm_tui.signames import signal_name
+from forgelm_tui.storage import note_not_written, storage_section
 from forgelm_tui.verdict import Verdict
 
 SCHEMA = "forgelm-tui/envelope/v1"
@@ -299,11 +299,9 @@ def write_each(paths: Iterable[Path], envelope: dict[str, Any]) -> tuple[list[st
             written.append(str(path))
     if failed and written:
         note_not_written(envelope, failed)
-        for path in list(written):
-            try:
-                write_atomic(Path(path), envelope)
-            except OSError:  # the first copy stands
-                pass
+        for done in written:
+            with contextlib.suppress(OSError):  # the first copy stands
+                write_atomic(Path(done), envelope)
     elif failed:
         note_not_written(envelope, failed)  # for stdout (--output-format json)
     return written, errors

@@ -13,7 +13,6 @@ from pathlib import Path
 
 from forgelm_tui.cluster.config import cluster_config
 from forgelm_tui.cluster.join import ClusterConfig
-from forgelm_tui.engine.logfile import make_private_dir
 from forgelm_tui.engine.spec import LaunchSpec
 from forgelm_tui.forgelm_mode import JobConfigError, find_config_arg, read_job_config
 from forgelm_tui.options import (
@@ -28,6 +27,7 @@ from forgelm_tui.options import (
     parse_signals,
     split_argv,
 )
+from forgelm_tui.private_files import make_private_dir
 from forgelm_tui.verdict import Contract
 
 

@@ -19,7 +19,7 @@ import pytest
 from conftest import cli_env, rank_script, run_cli
 
 from forgelm_tui import envelope as env_mod
-from forgelm_tui.engine.logfile import make_private_dir, open_private
+from forgelm_tui.private_files import make_private_dir, open_private
 from forgelm_tui.redact import REDACTED, is_secret_name, redact_argv, redact_text, words
 
 pytestmark = pytest.mark.timeout(90)
@@ -94,7 +94,7 @@ def test_properties_on_random_command_lines() -> None:
             value = f"v{rng.randrange(10**9)}"
             form = rng.choice(["--", "-", "env", "eq"])
             if form == "env":
-                snake = re.sub(r"(?<=[a-z])(?=[A-Z])|[-.]", "_", name)  # awsSecretKey: AWS_SECRET_KEY
+                snake = re.sub(r"(?<=[a-z])(?=[A-Z])|[-.]", "_", name)  # AWS_SECRET_KEY
                 argv.append(f"{snake.upper()}={value}")
             elif form == "eq":
                 argv.append(f"--{name}={value}")

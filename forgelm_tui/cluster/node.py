@@ -22,9 +22,9 @@ from forgelm_tui.ending import RunEnding
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.codec import to_wire
 from forgelm_tui.engine.events import NodeState
-from forgelm_tui.engine.logfile import make_private_dir
 from forgelm_tui.engine.supervisor import Supervisor
 from forgelm_tui.plan import Plan
+from forgelm_tui.private_files import make_private_dir
 from forgelm_tui.redact import redact_argv
 from forgelm_tui.verdict import Verdict
 

@@ -5,21 +5,21 @@ written are counted, the rank's pipe keeps draining, and the views still get the
 a failure the file is tried again at most every RETRY_EVERY seconds (space may come back: a
 cleaner ran, a quota grew); the bytes in between are counted as lost, not buffered (a flooding
 rank could fill the supervisor's memory), so the log then has a gap the envelope records.
-Files are created 0600 (docs/security.md): ``os.open`` with an explicit mode, then ``fchmod``
-so that no umask matters.
+The files are opened 0600 by the output drain (``private_files.open_private``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from forgelm_tui.private_files import error_text
+
 RETRY_EVERY = 5.0  # seconds between attempts once a write failed
-PRIVATE_FILE = 0o600
-PRIVATE_DIR = 0o700
 
 
 @dataclass
@@ -34,43 +34,6 @@ class LogLoss:
     bytes_lost: int = 0
     failures: int = 0  # failed write attempts (the first and each retry that failed)
     resumed_at: float | None = None  # the last time writing worked again after a failure
-
-
-def error_text(exc: OSError) -> str:
-    name = errno.errorcode.get(exc.errno or 0, "") if exc.errno else ""
-    text = exc.strerror or str(exc)
-    return f"{name}: {text}" if name else text
-
-
-def open_private(path: str, flags: int) -> int:
-    """Open (creating) a file only its owner can read: 0600 whatever the umask."""
-    fd = os.open(path, flags, PRIVATE_FILE)
-    try:
-        os.fchmod(fd, PRIVATE_FILE)
-    except OSError:
-        pass  # a file system without modes (vfat): nothing more to do
-    return fd
-
-
-def make_private_dir(path: os.PathLike[str] | str) -> None:
-    """``mkdir -p`` where the directories it creates are 0700 (an existing one is left as it
-    is: it is the operator's)."""
-    missing = []
-    current = os.path.abspath(path)
-    while not os.path.isdir(current):
-        missing.append(current)
-        parent = os.path.dirname(current)
-        if parent == current:
-            break
-        current = parent
-    for directory in reversed(missing):
-        try:
-            os.mkdir(directory, PRIVATE_DIR)
-        except FileExistsError:
-            if not os.path.isdir(directory):
-                raise
-            continue
-        os.chmod(directory, PRIVATE_DIR)
 
 
 class LogFile:
@@ -134,7 +97,5 @@ class LogFile:
         self.loss.bytes_lost += count
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(OSError):  # EIO at close: the bytes were counted as written
             os.close(self.fd)
-        except OSError:
-            pass  # an I/O error reported at close: the bytes were counted as they were written

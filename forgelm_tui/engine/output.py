@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import subprocess
 import time
@@ -24,10 +25,11 @@ from typing import IO
 
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.events import Stream
-from forgelm_tui.engine.logfile import LogFile, LogLoss, open_private
+from forgelm_tui.engine.logfile import LogFile, LogLoss
 from forgelm_tui.engine.progress import ProgressReader
 from forgelm_tui.engine.records import STDERR_TAIL_LINES, Evidence, RankRecord
 from forgelm_tui.engine.sanitize import MAX_PENDING_BYTES, LineSplitter
+from forgelm_tui.private_files import open_private
 
 READ_CHUNK = 1 << 16
 MAX_OUTPUT_BYTES = READ_CHUNK + MAX_PENDING_BYTES + 1  # the most raw one RankOutput carries
@@ -73,7 +75,7 @@ class OutputDrain:
             fd = pipe.fileno()
             self._pipes[fd] = pipe
             self._log_fds[fd] = LogFile(log_fd, record.rank, stream.value, path,
-                                        on_loss=lambda loss, r=record: self._not_kept(r, loss))
+                                        on_loss=functools.partial(self._not_kept, record))
             self._loop.add_reader(fd, self._readable, record, stream, fd, LineSplitter())
 
     def _readable(self, record: RankRecord, stream: Stream, fd: int,

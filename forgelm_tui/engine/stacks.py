@@ -30,9 +30,9 @@ from pathlib import Path
 
 from forgelm_tui.channel import STACKS_SIGNAL, stacks_file_name
 from forgelm_tui.engine import events as ev
-from forgelm_tui.engine.logfile import open_private
 from forgelm_tui.engine.records import RankRecord
 from forgelm_tui.engine.stack_text import faulthandler_threads, innermost, py_spy_threads
+from forgelm_tui.private_files import open_private
 from forgelm_tui.signames import signal_name
 
 SETTLE = 0.1  # a dump is complete once its file has not grown for this long
