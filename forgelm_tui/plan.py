@@ -164,6 +164,8 @@ class Planner:
             except OSError as exc:
                 raise UsageError(f"--run-dir {self.run_dir}: cannot create ({exc.strerror})") \
                     from None
+            if not os.access(self.run_dir, os.W_OK | os.X_OK):  # read-only, not ours
+                raise UsageError(f"--run-dir {self.run_dir}: not writable")
             return master_addr, port
         if cluster.node_rank == 0 and cluster.master_port:  # rank 0 listens on node 0
             check_port("127.0.0.1", str(cluster.master_port))

@@ -8,6 +8,7 @@ import asyncio
 import errno
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -290,3 +291,56 @@ def test_run_dir_turned_read_only_mid_run(tmp_path: Path, marks: Path) -> None:
 def _sh(argv: list[str]) -> bool:
     return subprocess.run(argv, capture_output=True).returncode == 0
 
+
+
+def test_tui_on_a_full_tmpfs_says_what_was_lost(tmp_path: Path, small_tmpfs: Path,
+                                                 term: Any) -> None:
+    if shutil.which("tmux") is None:
+        pytest.skip("no tmux")
+    shutil.copy(rank_script("wait_then_flood.py"), tmp_path / "r.py")
+    (tmp_path / "m").mkdir()
+    run_dir = small_tmpfs / "run"
+    term.start(["--tui", "--run-dir", str(run_dir), "--envelope", "out/e.json",
+                "--nproc-per-node", "2", "r.py", "m", "20000", "3"], raw=True)
+    term.wait_screen(r"RUNNING")
+    (tmp_path / "m" / "go").write_text("")
+    term.wait_screen(r"cannot write rank \d's stdout log")  # the live notice
+    term.wait_screen(r"exit 3 EVAL_FAILURE")
+    term.wait_screen(r"not kept on disk \(ENOSPC")  # the verdict panel
+    term.press("q")
+    assert term.exit_code() == 3
+    after = term.wait_screen(r"forgelm-tui: exit 3").replace("\n", "")
+    assert "Traceback" not in after
+    assert "forgelm-tui: not kept on disk (ENOSPC" in after
+    named = after.rsplit("; envelope: ", 1)[1].split(", ")
+    assert str(tmp_path / "out" / "e.json") in [n.strip() for n in named]
+    for path in named:
+        assert Path(path.strip()).is_file(), f"{path!r} is named but does not exist"
+
+
+def test_a_run_dir_that_cannot_be_written_is_one_clear_line(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    mounted = False
+    if ROOT:  # root writes through modes: a read-only bind mount instead
+        mounted = _sh(["mount", "--bind", str(run_dir), str(run_dir)]) and \
+            _sh(["mount", "-o", "remount,bind,ro", str(run_dir)])
+        if not mounted:
+            subprocess.run(["umount", "-l", str(run_dir)], check=False)
+            pytest.skip("cannot make a read-only bind mount here")
+    else:
+        run_dir.chmod(0o500)
+    extra = tmp_path / "e.json"
+    try:
+        run = start(["--run-dir", str(run_dir), "--envelope", str(extra),
+                     rank_script("exit_with.py"), "0"], tmp_path)
+        _, err = run.proc.communicate(timeout=60)
+    finally:
+        if mounted:
+            subprocess.run(["umount", "-l", str(run_dir)], check=False)
+        run_dir.chmod(0o700)
+    assert run.proc.returncode == 1
+    _no_traceback(err)
+    assert f"--run-dir {run_dir}: not writable" in err
+    assert f"envelope: {extra})" in err
+    assert json.loads(extra.read_text())["error"] == f"--run-dir {run_dir}: not writable"

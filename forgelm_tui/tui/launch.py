@@ -5,8 +5,13 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from collections.abc import Callable
 
+from textual.app import App
+
+from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.guardian import Guardian
+from forgelm_tui.headless import log_not_kept_text
 from forgelm_tui.plan import Plan
 from forgelm_tui.run import Session
 from forgelm_tui.storage import not_kept_line
@@ -18,6 +23,7 @@ def execute_tui(plan: Plan) -> int:
     session = Session(plan, guardian)
     app = build_app(session, terminal_fd=_terminal_fd(), before_hard_exit=guardian.close)
     session.supervisor.hangup_origin = app.hangup_origin
+    session.subscribe(storage_notice(app))
     try:
         code = app.run()
     finally:
@@ -36,6 +42,20 @@ def execute_tui(plan: Plan) -> int:
     _say(f"forgelm-tui: exit {verdict.code} {verdict.name} ({verdict.rule_text})"
          f"{ending.where_line()}")
     return code if code is not None else verdict.code
+
+
+def storage_notice(app: App[int]) -> Callable[[ev.Event], None]:
+    """The first rank log that cannot be written, said once, live (the verdict panel and the
+    exit line say what was lost)."""
+    told: list[ev.LogNotKept] = []
+
+    def listener(event: ev.Event) -> None:
+        if isinstance(event, ev.LogNotKept) and not told:
+            told.append(event)
+            app.notify(log_not_kept_text(event), title="storage", severity="warning",
+                       timeout=30)
+
+    return listener
 
 
 def _terminal_fd() -> int | None:
