@@ -241,3 +241,17 @@ def test_tui_header_redacts_and_q_names_every_envelope(tmp_path: Path, term: Any
     assert "abc123secret" not in after
     assert "; envelope: " in after and "out/e.json" in after
     assert f"{tmp_path / 'run' / 'envelope.json'}, {tmp_path / 'out' / 'e.json'}" in after
+
+
+def test_viewers_and_other_nodes_get_the_command_redacted(tmp_path: Path) -> None:
+    """The control socket's snapshot and RunStarted carry the ranks' argv: redacted."""
+    from forgelm_tui.engine.spec import LaunchSpec
+    from forgelm_tui.engine.supervisor import Supervisor
+
+    argv = (sys.executable, "t.py", "--hf-token", "abc123secret", "--keyword", "kw777")
+    spec = LaunchSpec(argv=argv, run_id="r", run_dir=tmp_path, nproc_per_node=1,
+                      master_addr="127.0.0.1", master_port=29999, grace=5.0, cwd=tmp_path)
+    snapshot = Supervisor(spec, base_env={}).snapshot()
+    assert snapshot.argv == (sys.executable, "t.py", "--hf-token", REDACTED, "--keyword",
+                             "kw777")
+    assert spec.argv == argv  # what the ranks get
