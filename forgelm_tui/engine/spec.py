@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from forgelm_tui.redact import shown_argv
+
 # torchrun sets these per worker (torch/distributed/run.py and the local elastic agent).
 _TORCHRUN_CLEARED = ("TORCHELASTIC_USE_AGENT_STORE",)
 
@@ -33,6 +35,11 @@ class LaunchSpec:
     extra_env: Mapping[str, str] = field(default_factory=dict)
     cwd: Path | None = None
     unbuffered: bool = True  # PYTHONUNBUFFERED=1 unless the caller set it
+
+    @property
+    def shown_argv(self) -> tuple[str, ...]:
+        """``argv`` as views, viewers and other nodes see it: secret values redacted."""
+        return shown_argv(self.argv)
 
     @property
     def world_size(self) -> int:

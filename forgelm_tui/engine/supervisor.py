@@ -36,7 +36,6 @@ from forgelm_tui.engine.spawn import pipe_capacity
 from forgelm_tui.engine.spec import LaunchSpec, rank_env
 from forgelm_tui.engine.stacks import StackCapture, find_py_spy
 from forgelm_tui.engine.timers import LoopTimers
-from forgelm_tui.redact import shown_argv
 from forgelm_tui.signames import signal_name
 
 Listener = Callable[[ev.Event], None]
@@ -95,8 +94,7 @@ class Supervisor:
     def snapshot(self) -> ev.RunSnapshot:
         stop = self._stopping_event()
         return ev.RunSnapshot(
-            self.spec.run_id, self.spec.world_size, shown_argv(self.spec.argv),
-            str(self.spec.run_dir),
+            self.spec.run_id, self.spec.world_size, self.spec.shown_argv, str(self.spec.run_dir),
             self.started_at, tuple(r.snapshot() for r in self.records.values()), stop,
             self.ended_at, node_rank=self.spec.node_rank, nnodes=self.spec.nnodes)
 
@@ -148,8 +146,7 @@ class Supervisor:
                 self._install_signal_handlers(loop)
             if self.before_launch is not None and self.stop is None:
                 await self.before_launch()
-            self.emit(ev.RunStarted(self.spec.run_id, self.spec.world_size,
-                                    shown_argv(self.spec.argv),
+            self.emit(ev.RunStarted(self.spec.run_id, self.spec.world_size, self.spec.shown_argv,
                                     str(self.spec.run_dir), self.started_at,
                                     self.spec.node_rank, self.spec.nnodes))
             self._spawn_all(channel)
