@@ -280,8 +280,7 @@ class RankReportedStop:
 
 @dataclass(frozen=True)
 class LogNotKept:
-    """A rank's log file could not be written (a full or unwritable run dir): its output from
-    ``at`` on is not kept on disk (views still get it); retried every few seconds."""
+    """A rank log failed to write (full or unwritable run dir); views still get the output."""
 
     rank: int
     stream: Stream
