@@ -201,7 +201,9 @@ class StackCapture:
         if proc.returncode != 0 or not threads:
             return ev.RankStacks(record.rank, None, None, None,
                                  _py_spy_failure(err.decode("utf-8", "replace")))
-        _append(path, _header(record, reason, "py-spy") + text)
+        if _append(path, _header(record, reason, "py-spy") + text) is None:  # a full run dir
+            return ev.RankStacks(record.rank, innermost(threads, record.pid), None, "py-spy",
+                                 f"not written to {path} (the run dir cannot be written)")
         return ev.RankStacks(record.rank, innermost(threads, record.pid), str(path), "py-spy")
 
 
