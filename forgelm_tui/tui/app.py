@@ -330,10 +330,10 @@ class SupervisorApp(StacksActions):
             self._search(query, backwards=True)
 
     def action_save_envelope(self) -> None:
-        if self.ending is None or not self.ending.envelope_path:
+        if self.ending is None or not (self.ending.envelope_path or self.ending.envelope):
             self.notify("The envelope is saved when the run has ended.")
             return
-        text = Path(self.ending.envelope_path).read_text(encoding="utf-8")
+        text = self.ending.envelope_text()  # from memory if no file could be written
         directory = self.save_directory or default_save_directory()
         filename = f"forgelm-tui-envelope-{self.run_handle.run_id}.json"
         self.deliver_text(io.StringIO(text), save_directory=directory, save_filename=filename,
