@@ -344,3 +344,16 @@ def test_a_run_dir_that_cannot_be_written_is_one_clear_line(tmp_path: Path) -> N
     assert f"--run-dir {run_dir}: not writable" in err
     assert f"envelope: {extra})" in err
     assert json.loads(extra.read_text())["error"] == f"--run-dir {run_dir}: not writable"
+
+
+def test_an_ending_names_only_files_written(tmp_path: Path) -> None:
+    from forgelm_tui.ending import RunEnding
+    from forgelm_tui.verdict import prelaunch_failure
+
+    nowhere = RunEnding(prelaunch_failure(), {"exit_code": 1}, None)
+    assert nowhere.where_line() == "; envelope: not written"
+    assert nowhere.where_line(on_stdout=True) == "; envelope: stdout"
+    assert json.loads(nowhere.envelope_text()) == {"exit_code": 1}  # the TUI's s still saves
+    both = RunEnding(prelaunch_failure(), {}, "/a/envelope.json", (),
+                     ("/a/envelope.json", "/b/e.json"))
+    assert both.where_line() == "; envelope: /a/envelope.json, /b/e.json"
