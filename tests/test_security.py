@@ -255,3 +255,40 @@ def test_viewers_and_other_nodes_get_the_command_redacted(tmp_path: Path) -> Non
     assert snapshot.argv == (sys.executable, "t.py", "--hf-token", REDACTED, "--keyword",
                              "kw777")
     assert spec.argv == argv  # what the ranks get
+
+
+# ------------------------------------------------------------------ the progress channel
+
+
+def test_the_channel_drops_another_users_messages() -> None:
+    """Its abstract socket's name is public (/proc/net/unix): only this user's datagrams count."""
+    import asyncio
+
+    from forgelm_tui.channel import MessageKind, encode, socket_address
+    from forgelm_tui.engine.channel import ChannelServer
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to send as another user (CI runs as root)")
+    server = ChannelServer("sec")
+    got: list[int] = []
+    address = socket_address(server.name)
+    sender = ("import socket, sys; s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM); "
+              "s.sendto(bytes.fromhex(sys.argv[1]), bytes.fromhex(sys.argv[2]))")
+
+    async def main() -> None:
+        server.start(asyncio.get_running_loop(), lambda message: got.append(message.rank))
+        for rank, user in ((7, 65534), (1, None)):  # nobody first, then ourselves
+            data = encode(rank, MessageKind.HEARTBEAT).hex()
+            await asyncio.to_thread(subprocess.run, ["/usr/bin/python3", "-c", sender, data,
+                                                     bytes(address).hex()],
+                                    check=True, user=user, cwd="/")
+        for _ in range(500):
+            if got:
+                break
+            await asyncio.sleep(0.01)
+
+    try:
+        asyncio.run(main())
+    finally:
+        server.close()
+    assert got == [1]
