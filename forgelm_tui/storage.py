@@ -41,11 +41,22 @@ def storage_section(records: Iterable[RankRecord]) -> dict[str, Any] | None:
 
 def note_not_written(envelope: dict[str, Any], failed: Sequence[dict[str, str]]) -> None:
     """Record in the envelope the places it could not be written to."""
-    storage = envelope.get("storage")
-    if storage is None:
-        storage = envelope["storage"] = {"error": failed[0]["error"], "since": None,
-                                         "ranks": [], "envelope_not_written": []}
-    storage["envelope_not_written"] = list(failed)
+    storage = envelope.get("storage") or {"error": failed[0]["error"], "since": None,
+                                          "ranks": []}
+    envelope["storage"] = {**storage, "envelope_not_written": list(failed)}  # a copy: a
+    # multi-node envelope shares its nested dicts with the agreed one
+
+
+def merged(sections: Iterable[dict[str, Any] | None]) -> dict[str, Any] | None:
+    """Every node's ``storage`` as one (multi-node): the earliest failure, every rank's loss."""
+    present = [s for s in sections if s and s.get("ranks")]
+    if not present:
+        return None
+    first = min(present, key=lambda s: s["since"] or "~")
+    ranks = sorted((r for s in present for r in s["ranks"]),
+                   key=lambda r: (r["rank"], r["stream"]))
+    return {"error": first["error"], "since": first["since"], "ranks": ranks,
+            "envelope_not_written": []}
 
 
 def not_kept_line(envelope: dict[str, Any]) -> str | None:

@@ -357,3 +357,19 @@ def test_an_ending_names_only_files_written(tmp_path: Path) -> None:
     both = RunEnding(prelaunch_failure(), {}, "/a/envelope.json", (),
                      ("/a/envelope.json", "/b/e.json"))
     assert both.where_line() == "; envelope: /a/envelope.json, /b/e.json"
+
+
+def test_a_multi_node_envelope_has_every_nodes_losses() -> None:
+    from forgelm_tui.storage import merged
+
+    def section(rank: int, since: str) -> dict[str, Any]:
+        loss = {"rank": rank, "stream": "stdout", "bytes_lost": 10, "since": since,
+                "error": f"E{rank}"}
+        return {"error": f"E{rank}", "since": since, "ranks": [loss],
+                "envelope_not_written": []}
+
+    both = merged([section(3, "2026-01-01T00:00:02.000Z"), None,
+                   section(1, "2026-01-01T00:00:01.000Z")])
+    assert both is not None and both["error"] == "E1"
+    assert [r["rank"] for r in both["ranks"]] == [1, 3]
+    assert merged([None, None]) is None
