@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import tempfile
+import secrets
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,7 +25,10 @@ from forgelm_tui.engine.records import (
 )
 from forgelm_tui.envelope_gpu import last_gpu_sample, rank_gpu
 from forgelm_tui.plan import RunInfo
+from forgelm_tui.private_files import error_text, make_private_dir, open_private
+from forgelm_tui.redact import redact_argv, redact_text
 from forgelm_tui.signames import signal_name
+from forgelm_tui.storage import note_not_written, storage_section
 from forgelm_tui.verdict import Verdict
 
 SCHEMA = "forgelm-tui/envelope/v1"
@@ -175,7 +178,7 @@ def build(
         "run_id": info.run_id,
         **verdict_dict(verdict),
         "contract": info.contract.value,
-        "error": info.error,
+        "error": None if info.error is None else redact_text(info.error),
         "cancelled": {
             "by": cancel.origin,
             "signal": _sig_name(cancel.signal),
@@ -197,9 +200,9 @@ def build(
         }
         if stop
         else None,
-        "command": list(info.command),
+        "command": redact_argv(info.command),
         "mode": info.mode,
-        "rank_command": list(info.rank_argv),
+        "rank_command": redact_argv(info.rank_argv),
         "world_size": info.world_size,
         "nproc_per_node": info.nproc_per_node,
         "nnodes": info.nnodes,
@@ -232,6 +235,7 @@ def build(
         "root_cause_gpu": last_gpu_sample(next(
             (r for r in ranks if verdict.rule == 2 and r.rank == verdict.deciding_rank), None)),
         "outside_signal": _outside_signal(ranks),
+        "storage": storage_section(ranks),
         "result": results.get(0),
         "ranks": [
             rank_dict(r, _failed(r), results.get(r.rank))
@@ -270,10 +274,17 @@ def _failed(record: RankRecord) -> bool:
 
 
 def write_atomic(path: Path, envelope: dict[str, Any]) -> None:
-    """Write via a temp file in the same directory, fsync, rename, fsync the directory."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write via a temp file in the same directory, fsync, rename, fsync the directory.
+
+    The temp file is created O_EXCL | O_NOFOLLOW, 0600; the rename replaces whatever is at
+    ``path`` (a planted symlink included) and never writes through it (docs/security.md).
+    """
+    if not path.parent.is_dir():
+        make_private_dir(path.parent)
     data = (json.dumps(envelope, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+    fd = open_private(str(tmp), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                      | os.O_CLOEXEC)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
@@ -294,10 +305,29 @@ def write_atomic(path: Path, envelope: dict[str, Any]) -> None:
 
 def write_all(paths: Iterable[Path], envelope: dict[str, Any]) -> list[str]:
     """Write to every destination; returns the errors (one line each) for those that failed."""
-    errors = []
+    return write_each(paths, envelope)[1]
+
+
+def write_each(paths: Iterable[Path], envelope: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """Write to every destination, each on its own: one that fails never stops the others.
+    Returns the paths written and one error line for each that was not. When some failed,
+    the copies that were written say so (``storage.envelope_not_written``)."""
+    written: list[str] = []
+    errors: list[str] = []
+    failed: list[dict[str, str]] = []
     for path in paths:
         try:
             write_atomic(path, envelope)
         except OSError as exc:
             errors.append(f"cannot write envelope {path}: {exc.strerror or exc}")
-    return errors
+            failed.append({"path": str(path), "error": error_text(exc)})
+        else:
+            written.append(str(path))
+    if failed and written:
+        note_not_written(envelope, failed)
+        for done in written:
+            with contextlib.suppress(OSError):  # the first copy stands
+                write_atomic(Path(done), envelope)
+    elif failed:
+        note_not_written(envelope, failed)  # for stdout (--output-format json)
+    return written, errors

@@ -16,6 +16,7 @@ from typing import Any
 
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.events import RankState
+from forgelm_tui.engine.logfile import RETRY_EVERY
 from forgelm_tui.engine.records import RankRecord
 from forgelm_tui.gpu_text import GpuStatus, summary_cells
 from forgelm_tui.signames import signal_name
@@ -113,6 +114,7 @@ class HeadlessView:
         self._evidence: dict[int, ev.ProgressEvidence | None] = {}
         self._remote: dict[int, RankState] = {}
         self._gpu = GpuStatus()
+        self._storage_told = False
 
     def note(self, message: str) -> None:
         self._sink.write(f"{PREFIX} {message}\n")
@@ -169,6 +171,9 @@ class HeadlessView:
                           f"starting in {delay:g} s")
             case ev.GpuSampled():
                 self._gpu_line(event)
+            case ev.LogNotKept() if not self._storage_told:
+                self._storage_told = True
+                self.note(log_not_kept_text(event))
             case _:
                 pass
 
@@ -216,10 +221,10 @@ class HeadlessView:
         self,
         records: Iterable[RankRecord],
         verdict: Verdict,
-        envelope_path: str | None,
+        where: str,
         remote: Sequence[dict[str, Any]] = (),
     ) -> None:
-        self._sink.write(summary_text(records, verdict, envelope_path, remote, self._gpu.index))
+        self._sink.write(summary_text(records, verdict, where, remote, self._gpu.index))
 
 
 def ending_notes(envelope: dict[str, Any]) -> list[str]:
@@ -235,6 +240,13 @@ def ending_notes(envelope: dict[str, Any]) -> list[str]:
         notes.append(f"attempt {len(attempts)}/{envelope['max_restarts'] + 1} was the last: "
                      f"{last.get('why', '-')}; each restart's logs in attempt-K/ of the run dir")
     return notes + descendant_lines(envelope.get("descendants", []))
+
+
+def log_not_kept_text(event: ev.LogNotKept) -> str:
+    """The first log write that failed: said once, live; the summary says what was lost."""
+    return (f"storage: cannot write rank {event.rank}'s {event.stream.value} log "
+            f"{event.path} ({event.error}); rank output is still shown but may miss the disk "
+            f"from now on (tried again every {RETRY_EVERY:g} s); the run goes on")
 
 
 def stacks_lines(event: ev.StacksCaptured) -> list[str]:
@@ -324,11 +336,12 @@ def _step(record: RankRecord) -> str:
 
 
 def summary_text(
-    records: Iterable[RankRecord], verdict: Verdict, envelope_path: str | None,
+    records: Iterable[RankRecord], verdict: Verdict, where: str,
     remote: Sequence[dict[str, Any]] = (), gpu_index: dict[str, int] | None = None,
 ) -> str:
     """The table every rank ends with; ``remote``: other nodes' ranks from the agreed envelope
-    (a multi-node run adds a node column); with GPU samples, each rank's GPUs and peak."""
+    (a multi-node run adds a node column); ``where``: ``; envelope: ...`` (every file written,
+    ``RunEnding.where_line``); with GPU samples, each rank's GPUs and peak."""
     header: tuple[str, ...] = ("rank", "pid", "state", "exit", "signal", "sent by supervisor",
                                "step", "time")
     local = sorted(records, key=lambda r: r.rank)
@@ -350,6 +363,5 @@ def summary_text(
     out = [f"{PREFIX} summary", *lines]
     for rank, code in verdict.disagreements:
         out.append(f"{PREFIX} note: rank {rank} exited {code}, unlike rank 0")
-    where = f"; envelope: {envelope_path}" if envelope_path else ""
     out.append(f"{PREFIX} exit {verdict.code} {verdict.name} ({verdict.rule_text}){where}")
     return "\n".join(out) + "\n"

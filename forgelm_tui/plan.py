@@ -28,6 +28,7 @@ from forgelm_tui.options import (
     parse_signals,
     split_argv,
 )
+from forgelm_tui.private_files import make_private_dir
 from forgelm_tui.verdict import Contract
 
 
@@ -162,10 +163,12 @@ class Planner:
             port = check_port(master_addr, ns.master_port)
             assert self.run_dir is not None
             try:
-                self.run_dir.mkdir(parents=True, exist_ok=True)
+                make_private_dir(self.run_dir)  # 0700, whatever the umask (docs/security.md)
             except OSError as exc:
                 raise UsageError(f"--run-dir {self.run_dir}: cannot create ({exc.strerror})") \
                     from None
+            if not os.access(self.run_dir, os.W_OK | os.X_OK):  # read-only, not ours
+                raise UsageError(f"--run-dir {self.run_dir}: not writable")
             return master_addr, port
         if cluster.node_rank == 0 and cluster.master_port:  # rank 0 listens on node 0
             check_port("127.0.0.1", str(cluster.master_port))
@@ -292,4 +295,7 @@ class Planner:
         run_dir = self.run_dir or (Path(DEFAULT_RUN_ROOT) / self.run_id).absolute()
         self.info.run_dir = str(run_dir)
         paths = [run_dir / "envelope.json"]
-        return paths + [p for p in self.extra_paths if p not in paths]
+        for path in self.extra_paths:  # --envelope is seen twice (lenient pass, argparse)
+            if path not in paths:
+                paths.append(path)
+        return paths

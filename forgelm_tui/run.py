@@ -28,7 +28,9 @@ from forgelm_tui.forgelm_mode import extract_result
 from forgelm_tui.headless import HeadlessView, OutputSink, ending_notes
 from forgelm_tui.internal_error import report_internal_error
 from forgelm_tui.plan import Plan, RunInfo
+from forgelm_tui.redact import redact_argv, redact_text
 from forgelm_tui.signames import signal_name
+from forgelm_tui.storage import not_kept_line
 from forgelm_tui.verdict import RankEnding, StopFacts, Verdict, decide, prelaunch_failure
 
 if TYPE_CHECKING:
@@ -148,9 +150,9 @@ class RunReport:
         faults = self.supervisor.faults
         errors_before = faults.count
         envelope = self._build(provisional=False)
-        errors = self._write(envelope)
-        path = str(self.plan.envelope_paths[0]) if self.plan.envelope_paths else None
-        self.ending = RunEnding(self.verdict(), envelope, path, tuple(errors))
+        written, errors = env_mod.write_each(self.plan.envelope_paths, envelope)
+        path = written[0] if written else None
+        self.ending = RunEnding(self.verdict(), envelope, path, tuple(errors), tuple(written))
         self.supervisor.emit(ev.VerdictReached(self.ending.verdict, path))
         if faults.count != errors_before:  # a view failed on the verdict: the envelope says so
             envelope = self._build(provisional=False)
@@ -213,7 +215,7 @@ class Session:
 
     @property
     def command(self) -> list[str]:
-        return list(self.plan.info.command)
+        return redact_argv(self.plan.info.command)  # what views show (docs/security.md)
 
     @property
     def world_size(self) -> int:
@@ -347,10 +349,12 @@ def execute(plan: Plan) -> int:
         view.note(error)
     for line in ending_notes(ending.envelope):
         view.note(line)
+    if (lost := not_kept_line(ending.envelope)) is not None:
+        view.note(lost)
     local = set(session.supervisor.records)
     remote = [r for r in ending.envelope.get("ranks", []) if r["rank"] not in local]
-    view.summary(session.supervisor.records.values(), ending.verdict, ending.envelope_path,
-                 remote)
+    view.summary(session.supervisor.records.values(), ending.verdict,
+                 ending.where_line(plan.output_format == "json"), remote)
     sink.close()
     if plan.output_format == "json":
         emit_json(ending.envelope)
@@ -378,9 +382,10 @@ def prelaunch_error(
     envelope = env_mod.build(info, verdict)
     envelope.update(supervisor_error=None, max_restarts=info.max_restarts, restart_count=0,
                     attempts=[])
-    errors = env_mod.write_all(envelope_paths, envelope)
-    where = f"; envelope: {envelope_paths[0]}" if envelope_paths and not errors else ""
-    say(f"forgelm-tui: error: {message} (exit 1 EXIT_CONFIG_ERROR{where})")
+    written, errors = env_mod.write_each(envelope_paths, envelope)
+    ending = RunEnding(verdict, envelope, None, tuple(errors), tuple(written))
+    where = ending.where_line(output_format == "json")
+    say(f"forgelm-tui: error: {redact_text(message)} (exit 1 EXIT_CONFIG_ERROR{where})")
     for error in errors:
         say(f"forgelm-tui: {error}")
     if output_format == "json":

@@ -64,6 +64,7 @@ EXAMPLES: list[Any] = [
     ev.RankProgressed(0, 3, None, {"loss": float("inf"), "lr": 1e-4}, ProgressSource.OUTPUT),
     ev.RankEvidenceChanged(1, ProgressEvidence.OUTPUT),
     ev.RankReportedStop(1, "SIGTERM", True, None),
+    ev.LogNotKept(1, Stream.STDOUT, "/runs/r1/rank-1.stdout.log", "ENOSPC: No space left", 4.5),
     ev.RunFinished(5.0),
     ev.VerdictReached(VERDICT, "/runs/r1/envelope.json"),
     ev.RunEscalated("second cancel by operator: kill now", 4.5),

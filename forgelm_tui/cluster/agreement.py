@@ -12,6 +12,7 @@ import copy
 from dataclasses import asdict
 from typing import Any
 
+from forgelm_tui import storage
 from forgelm_tui.cluster.wire import ending_from_wire, stop_from_wire
 from forgelm_tui.verdict import Contract, StopFacts, StopKind, Verdict, decide, prelaunch_failure
 
@@ -78,6 +79,7 @@ def merge(base: dict[str, Any], finals: dict[int, dict[str, Any]], verdict: Verd
     envelope["agreement"] = {"agreed": True, "decided_by_node": 0, "nodes_lost": lost}
     outside = [f["envelope"].get("outside_signal") for _, f in sorted(finals.items())]
     envelope["outside_signal"] = next((o for o in outside if o), None)
+    envelope["storage"] = storage.merged(f["envelope"].get("storage") for f in finals.values())
     return envelope
 
 

@@ -24,6 +24,8 @@ from forgelm_tui.engine.codec import to_wire
 from forgelm_tui.engine.events import NodeState
 from forgelm_tui.engine.supervisor import Supervisor
 from forgelm_tui.plan import Plan
+from forgelm_tui.private_files import make_private_dir
+from forgelm_tui.redact import redact_argv
 from forgelm_tui.verdict import Verdict
 
 
@@ -102,7 +104,7 @@ class NodeRun:
         root = plan.cluster_root or Path("forgelm-tui-runs").absolute() / membership.run_id
         run_dir = root / f"node-{membership.node_rank}"
         try:
-            run_dir.mkdir(parents=True, exist_ok=True)
+            make_private_dir(run_dir)  # 0700 (docs/security.md)
         except OSError as exc:
             return f"--run-dir {run_dir}: cannot create ({exc.strerror})"
         spec = dataclasses.replace(
@@ -200,10 +202,10 @@ class NodeRun:
         if agreed:
             envelope = agreement.localize(envelope, {
                 "node_rank": plan.spec.node_rank, "run_dir": str(plan.spec.run_dir),
-                "command": list(plan.info.command)})
-        errors = env_mod.write_all(plan.envelope_paths, envelope)
-        path = str(plan.envelope_paths[0]) if plan.envelope_paths else None
-        ending = RunEnding(verdict, envelope, path, tuple(errors))
+                "command": redact_argv(plan.info.command)})
+        written, errors = env_mod.write_each(plan.envelope_paths, envelope)
+        path = written[0] if written else None
+        ending = RunEnding(verdict, envelope, path, tuple(errors), tuple(written))
         self.session.report.ending = ending
         self.sup.emit(ev.VerdictReached(verdict, path))
         return ending

@@ -282,6 +282,17 @@ class RankReportedStop:
 
 
 @dataclass(frozen=True)
+class LogNotKept:
+    """A rank log failed to write (full or unwritable run dir); views still get the output."""
+
+    rank: int
+    stream: Stream
+    path: str
+    error: str
+    at: float
+
+
+@dataclass(frozen=True)
 class RunFinished:
     """Every rank has ended and its output is drained."""
 
@@ -394,6 +405,7 @@ Event = (
     | RankProgressed
     | RankEvidenceChanged
     | RankReportedStop
+    | LogNotKept
     | RunFinished
     | AttemptStarted
     | VerdictReached

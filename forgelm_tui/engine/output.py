@@ -7,12 +7,16 @@ Memory per rank stream is bounded whatever the rank writes: one read chunk (READ
 partial line held back (at most MAX_PENDING_BYTES; a longer line is shown by its head and
 skipped to its newline) and one event in flight (at most MAX_OUTPUT_BYTES), plus the stderr
 tail (STDERR_TAIL_LINES sanitised lines, each at most MAX_LINE_CHARS characters).
+
+A log that cannot be written (a full or unwritable run dir) never stops the draining: the
+:class:`LogFile` counts what it could not keep and tells views once (``LogNotKept``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import subprocess
 import time
@@ -21,13 +25,15 @@ from typing import IO
 
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.events import Stream
+from forgelm_tui.engine.logfile import LogFile, LogLoss
 from forgelm_tui.engine.progress import ProgressReader
 from forgelm_tui.engine.records import STDERR_TAIL_LINES, Evidence, RankRecord
 from forgelm_tui.engine.sanitize import MAX_PENDING_BYTES, LineSplitter
+from forgelm_tui.private_files import open_private
 
 READ_CHUNK = 1 << 16
 MAX_OUTPUT_BYTES = READ_CHUNK + MAX_PENDING_BYTES + 1  # the most raw one RankOutput carries
-LOG_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+LOG_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW
 
 
 class OutputDrain:
@@ -37,7 +43,7 @@ class OutputDrain:
         self._emit = emit
         self._progress = progress
         self._on_closed = on_closed
-        self._log_fds: dict[int, int] = {}  # pipe fd -> log fd
+        self._log_fds: dict[int, LogFile] = {}  # pipe fd -> its log
         self._pipes: dict[int, IO[bytes]] = {}  # pipe fd -> the pipe, closed once, by us
 
     @property
@@ -47,9 +53,9 @@ class OutputDrain:
     @contextlib.contextmanager
     def logs_for(self, record: RankRecord) -> Iterator[tuple[int, int]]:
         """The rank's two log files, opened before it starts; closed again if it cannot."""
-        out_fd = os.open(record.stdout_log, LOG_FLAGS, 0o644)
+        out_fd = open_private(record.stdout_log, LOG_FLAGS)
         try:
-            err_fd = os.open(record.stderr_log, LOG_FLAGS, 0o644)
+            err_fd = open_private(record.stderr_log, LOG_FLAGS)
         except OSError:
             os.close(out_fd)
             raise
@@ -63,11 +69,13 @@ class OutputDrain:
     def attach(self, record: RankRecord, proc: subprocess.Popen[bytes],
                logs: tuple[int, int]) -> None:
         assert proc.stdout is not None and proc.stderr is not None
-        for pipe, stream, log_fd in ((proc.stdout, Stream.STDOUT, logs[0]),
-                                     (proc.stderr, Stream.STDERR, logs[1])):
+        for pipe, stream, log_fd, path in (
+                (proc.stdout, Stream.STDOUT, logs[0], record.stdout_log),
+                (proc.stderr, Stream.STDERR, logs[1], record.stderr_log)):
             fd = pipe.fileno()
             self._pipes[fd] = pipe
-            self._log_fds[fd] = log_fd
+            self._log_fds[fd] = LogFile(log_fd, record.rank, stream.value, path,
+                                        on_loss=functools.partial(self._not_kept, record))
             self._loop.add_reader(fd, self._readable, record, stream, fd, LineSplitter())
 
     def _readable(self, record: RankRecord, stream: Stream, fd: int,
@@ -83,7 +91,7 @@ class OutputDrain:
             self._deliver(record, stream, splitter.flush())
             self._on_closed()
             return
-        _write_all(self._log_fds[fd], data)
+        self._log_fds[fd].write(data)
         if stream is Stream.STDOUT:
             record.stdout_bytes += len(data)
         else:
@@ -106,23 +114,22 @@ class OutputDrain:
         self._emit(output)
         self._progress.read_output(record, block)
 
+    def _not_kept(self, record: RankRecord, loss: LogLoss) -> None:
+        record.log_losses.append(loss)
+        self._emit(ev.LogNotKept(record.rank, Stream(loss.stream), loss.path, loss.error,
+                                 loss.since))
+
     def _close(self, fd: int) -> None:
         self._loop.remove_reader(fd)
         pipe = self._pipes.pop(fd, None)
         if pipe is not None:
             with contextlib.suppress(OSError):
                 pipe.close()
-        log_fd = self._log_fds.pop(fd, None)
-        if log_fd is not None:
-            os.close(log_fd)
+        log = self._log_fds.pop(fd, None)
+        if log is not None:
+            log.close()
 
     def close_all(self) -> None:
         for fd in list(self._pipes):
             self._close(fd)
 
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]

@@ -22,6 +22,7 @@ from forgelm_tui.engine.events import (
     RankState,
     SignalSent,
 )
+from forgelm_tui.engine.logfile import LogLoss
 from forgelm_tui.engine.spec import LaunchSpec
 from forgelm_tui.verdict import RankEnding, StopKind
 
@@ -114,6 +115,7 @@ class RankRecord:
     gpu_at: float | None = None  # ...taken then (epoch seconds)
     gpu_uuids: list[str] = field(default_factory=list)  # every device it held, in order seen
     peak_gpu_memory_bytes: int | None = None  # the most its processes held on GPUs at once
+    log_losses: list[LogLoss] = field(default_factory=list)  # what its logs did not keep
 
     @property
     def alive(self) -> bool:

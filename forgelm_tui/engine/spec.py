@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from forgelm_tui.redact import shown_argv
+
 # torchrun sets these per worker (torch/distributed/run.py and the local elastic agent).
 _TORCHRUN_CLEARED = ("TORCHELASTIC_USE_AGENT_STORE",)
 
@@ -41,6 +43,11 @@ class LaunchSpec:
         ``<run dir>/attempt-<attempt>/`` (the first attempt's stay where they always were)."""
         return replace(self, run_dir=self.run_dir / f"attempt-{attempt}",
                        restart_count=attempt)
+
+    @property
+    def shown_argv(self) -> tuple[str, ...]:
+        """``argv`` as views, viewers and other nodes see it: secret values redacted."""
+        return shown_argv(self.argv)
 
     @property
     def world_size(self) -> int:

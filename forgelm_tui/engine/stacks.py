@@ -32,6 +32,7 @@ from forgelm_tui.channel import STACKS_SIGNAL, stacks_file_name
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.records import RankRecord
 from forgelm_tui.engine.stack_text import faulthandler_threads, innermost, py_spy_threads
+from forgelm_tui.private_files import open_private
 from forgelm_tui.signames import signal_name
 
 SETTLE = 0.1  # a dump is complete once its file has not grown for this long
@@ -200,7 +201,9 @@ class StackCapture:
         if proc.returncode != 0 or not threads:
             return ev.RankStacks(record.rank, None, None, None,
                                  _py_spy_failure(err.decode("utf-8", "replace")))
-        _append(path, _header(record, reason, "py-spy") + text)
+        if _append(path, _header(record, reason, "py-spy") + text) is None:  # a full run dir
+            return ev.RankStacks(record.rank, innermost(threads, record.pid), None, "py-spy",
+                                 f"not written to {path} (the run dir cannot be written)")
         return ev.RankStacks(record.rank, innermost(threads, record.pid), str(path), "py-spy")
 
 
@@ -222,7 +225,7 @@ def _header(record: RankRecord, reason: str, via: str) -> str:
 def _append(path: Path, text: str) -> int | None:
     """Append (O_APPEND, as the rank's handler writes); the file's size after, or None."""
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = open_private(str(path), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC)
     except OSError:
         return None
     try:

@@ -99,7 +99,7 @@ class Supervisor:
     def snapshot(self) -> ev.RunSnapshot:
         stop = self._stopping_event()
         return ev.RunSnapshot(
-            self.spec.run_id, self.spec.world_size, self.spec.argv, str(self.spec.run_dir),
+            self.spec.run_id, self.spec.world_size, self.spec.shown_argv, str(self.spec.run_dir),
             self.started_at, tuple(r.snapshot() for r in self.records.values()), stop,
             self.ended_at, node_rank=self.spec.node_rank, nnodes=self.spec.nnodes,
             gpus=self._gpu.devices)
@@ -157,7 +157,7 @@ class Supervisor:
                 own_signals.install(loop)
             if self.before_launch is not None and self.stop is None:
                 await self.before_launch()
-            self.emit(ev.RunStarted(self.spec.run_id, self.spec.world_size, self.spec.argv,
+            self.emit(ev.RunStarted(self.spec.run_id, self.spec.world_size, self.spec.shown_argv,
                                     str(self.spec.run_dir), self.started_at,
                                     self.spec.node_rank, self.spec.nnodes))
             self._spawn_all(channel)

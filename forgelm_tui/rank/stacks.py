@@ -46,7 +46,8 @@ def install(send: Callable[..., Any]) -> bool:
         return False  # the program handles this signal itself: never take it over
     path = os.path.join(run_dir, stacks_file_name(int(rank)))
     try:
-        handle = open(path, "ab", buffering=0)  # noqa: SIM115 (open as long as the process)
+        handle = open(path, "ab", buffering=0,  # noqa: SIM115 (open as long as the process)
+                      opener=lambda name, flags: os.open(name, flags, 0o600))
         faulthandler.register(signum, file=handle, all_threads=True, chain=False)
     except (OSError, ValueError, RuntimeError):
         return False

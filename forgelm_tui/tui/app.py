@@ -165,7 +165,8 @@ class SupervisorApp(StacksActions):
         self.model.state = "finished"
         self.flush_logs()
         self.refresh_table()
-        self.query_one(VerdictPanel).show_verdict(ending.envelope, ending.envelope_path)
+        self.query_one(VerdictPanel).show_verdict(
+            ending.envelope, ", ".join(ending.envelope_paths) or ending.envelope_path)
         pane = self.query_one(LogPane)
         if pane.auto_scroll:  # the verdict panel took room: the newest line back in view
             self.call_after_refresh(pane.set_follow, True)
@@ -330,10 +331,10 @@ class SupervisorApp(StacksActions):
             self._search(query, backwards=True)
 
     def action_save_envelope(self) -> None:
-        if self.ending is None or not self.ending.envelope_path:
+        if self.ending is None or not (self.ending.envelope_path or self.ending.envelope):
             self.notify("The envelope is saved when the run has ended.")
             return
-        text = Path(self.ending.envelope_path).read_text(encoding="utf-8")
+        text = self.ending.envelope_text()  # from memory if no file could be written
         directory = self.save_directory or default_save_directory()
         filename = f"forgelm-tui-envelope-{self.run_handle.run_id}.json"
         self.deliver_text(io.StringIO(text), save_directory=directory, save_filename=filename,

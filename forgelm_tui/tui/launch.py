@@ -5,12 +5,17 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from collections.abc import Callable
 
+from textual.app import App
+
+from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.guardian import Guardian
-from forgelm_tui.headless import descendant_lines
+from forgelm_tui.headless import log_not_kept_text
 from forgelm_tui.internal_error import report_internal_error
 from forgelm_tui.plan import Plan
 from forgelm_tui.run import Session
+from forgelm_tui.storage import not_kept_line
 from forgelm_tui.tui.app import build_app
 
 
@@ -19,6 +24,7 @@ def execute_tui(plan: Plan) -> int:
     session = Session(plan, guardian)
     app = build_app(session, terminal_fd=_terminal_fd(), before_hard_exit=guardian.close)
     session.supervisor.hangup_origin = app.hangup_origin
+    session.subscribe(storage_notice(app))
     try:
         code = app.run()
     finally:
@@ -30,12 +36,27 @@ def execute_tui(plan: Plan) -> int:
     if ending is None:  # the guardian stopped every rank group; the envelope says why
         error = RuntimeError("the view ended before the run")
         return report_internal_error(plan, error, _say, lambda _: None)
-    for line in descendant_lines(ending.envelope.get("descendants", [])):
-        _say(f"forgelm-tui: {line}")
     verdict = ending.verdict
-    where = f"; envelope: {ending.envelope_path}" if ending.envelope_path else ""
-    _say(f"forgelm-tui: exit {verdict.code} {verdict.name} ({verdict.rule_text}){where}")
+    lost = not_kept_line(ending.envelope)
+    for note in (*ending.write_errors, *ending_notes(ending.envelope), *([lost] if lost else [])):
+        _say(f"forgelm-tui: {note}")
+    _say(f"forgelm-tui: exit {verdict.code} {verdict.name} ({verdict.rule_text})"
+         f"{ending.where_line()}")
     return code if code is not None else verdict.code
+
+
+def storage_notice(app: App[int]) -> Callable[[ev.Event], None]:
+    """The first rank log that cannot be written, said once, live (the verdict panel and the
+    exit line say what was lost)."""
+    told: list[ev.LogNotKept] = []
+
+    def listener(event: ev.Event) -> None:
+        if isinstance(event, ev.LogNotKept) and not told:
+            told.append(event)
+            app.notify(log_not_kept_text(event), title="storage", severity="warning",
+                       timeout=30)
+
+    return listener
 
 
 def _terminal_fd() -> int | None:

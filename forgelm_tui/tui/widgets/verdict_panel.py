@@ -21,6 +21,7 @@ from textual.widgets import Static
 
 from forgelm_tui.engine.sanitize import sanitize_line
 from forgelm_tui.engine.stack_text import short_frame
+from forgelm_tui.storage import not_kept_line
 
 CODE_STYLES = {0: "bold green", 3: "bold yellow", 4: "bold cyan", 5: "bold", 6: "bold red"}
 TAIL_LINES = 40  # the envelope keeps 20 of stderr; an error file may hold more
@@ -99,6 +100,8 @@ def verdict_summary(envelope: dict[str, Any], envelope_path: str | None) -> Grou
     if stuck and (envelope.get("stop") or {}).get("kind") == "stall":
         parts.append(_line("stuck at: ", " · ".join(
             f"rank {r['rank']} {short_frame(sanitize_line(r['stuck_at']))}" for r in stuck)))
+    if (lost := not_kept_line(envelope)) is not None:  # a full or unwritable run dir
+        parts.append(_line("storage: ", lost, "bold yellow"))
     # The path wraps rather than losing its end: it is what the operator copies.
     parts.append(Text.assemble(("envelope: ", "bold"), envelope_path or "(not written)"))
     return Group(*parts)

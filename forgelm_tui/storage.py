@@ -1,0 +1,80 @@
+"""What a full or unwritable run dir did not keep: the envelope's ``storage`` field and the one
+line that says so (docs/envelope.md, docs/security.md). Pure: records and dicts in, data out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from forgelm_tui.engine.records import RankRecord
+
+
+def _iso(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace(
+        "+00:00", "Z")
+
+
+def storage_section(records: Iterable[RankRecord]) -> dict[str, Any] | None:
+    """``storage``: None while every log kept every byte, else what was lost, rank by rank."""
+    losses = sorted((loss for r in records for loss in r.log_losses),
+                    key=lambda loss: (loss.since, loss.rank, loss.stream))
+    if not losses:
+        return None
+    first = losses[0]
+    return {
+        "error": first.error,
+        "since": _iso(first.since),
+        "ranks": [
+            {"rank": loss.rank, "stream": loss.stream, "path": loss.path,
+             "bytes_lost": loss.bytes_lost, "since": _iso(loss.since), "error": loss.error,
+             "failures": loss.failures, "resumed_at": _iso(loss.resumed_at)}
+            for loss in sorted(losses, key=lambda loss: (loss.rank, loss.stream))
+        ],
+        "envelope_not_written": [],
+    }
+
+
+def note_not_written(envelope: dict[str, Any], failed: Sequence[dict[str, str]]) -> None:
+    """Record in the envelope the places it could not be written to."""
+    storage = envelope.get("storage") or {"error": failed[0]["error"], "since": None,
+                                          "ranks": []}
+    envelope["storage"] = {**storage, "envelope_not_written": list(failed)}  # a copy: a
+    # multi-node envelope shares its nested dicts with the agreed one
+
+
+def merged(sections: Iterable[dict[str, Any] | None]) -> dict[str, Any] | None:
+    """Every node's ``storage`` as one (multi-node): the earliest failure, every rank's loss."""
+    present = [s for s in sections if s and s.get("ranks")]
+    if not present:
+        return None
+    first = min(present, key=lambda s: s["since"] or "~")
+    ranks = sorted((r for s in present for r in s["ranks"]),
+                   key=lambda r: (r["rank"], r["stream"]))
+    return {"error": first["error"], "since": first["since"], "ranks": ranks,
+            "envelope_not_written": []}
+
+
+def not_kept_line(envelope: dict[str, Any]) -> str | None:
+    """One line naming what the rank logs did not keep, or None when they kept everything."""
+    storage = envelope.get("storage")
+    if not storage or not storage.get("ranks"):
+        return None
+    parts = []
+    for entry in storage["ranks"]:
+        since = entry["since"] or "?"
+        parts.append(f"rank {entry['rank']} {entry['stream']} {_size(entry['bytes_lost'])} "
+                     f"from {since[11:23] + 'Z' if len(since) > 20 else since}")
+    return f"not kept on disk ({storage['error']}): " + "; ".join(parts)
+
+
+def _size(count: int) -> str:
+    if count < 1024:
+        return f"{count} bytes"
+    if count < 1 << 20:
+        return f"{count / 1024:.1f} KiB ({count} bytes)"
+    return f"{count / (1 << 20):.1f} MiB ({count} bytes)"
