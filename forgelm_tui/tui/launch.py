@@ -11,7 +11,7 @@ from textual.app import App
 
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.guardian import Guardian
-from forgelm_tui.headless import log_not_kept_text
+from forgelm_tui.headless import ending_notes, log_not_kept_text
 from forgelm_tui.internal_error import report_internal_error
 from forgelm_tui.plan import Plan
 from forgelm_tui.run import Session
