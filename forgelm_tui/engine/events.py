@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from functools import cached_property
 
+from forgelm_tui.engine.history import MetricSeries
 from forgelm_tui.engine.sanitize import sanitize_block, sanitize_line
 from forgelm_tui.verdict import StopKind, Verdict
 
@@ -317,6 +318,7 @@ class RankSnapshot:
     caught_mask: int = 0
     ignored_mask: int = 0
     progress_evidence: ProgressEvidence | None = None
+    metrics_history: tuple[MetricSeries, ...] = ()  # the curve's metric, down-sampled
 
 
 @dataclass(frozen=True)
