@@ -3,6 +3,7 @@ envelope (engine/history.py, docs/envelope.md)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import random
@@ -47,7 +48,7 @@ def test_the_kept_points_are_evenly_spread() -> None:
         series.add(step, float(step))
     steps = [step for step, _ in series.points()]
     inner = steps[:-1]  # the newest is added to the evenly spaced ones
-    gaps = {b - a for a, b in zip(inner, inner[1:], strict=False)}
+    gaps = {b - a for a, b in itertools.pairwise(inner)}
     assert len(gaps) == 1 and steps[-1] == 99 and len(steps) <= 10
 
 

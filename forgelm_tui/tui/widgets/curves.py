@@ -84,7 +84,7 @@ class CurvePanel(VerticalScroll, can_focus=False):
         self.updates = 0  # sparklines given new data, ever (what the tests count)
 
     def on_mount(self) -> None:
-        self.set_interval(1 / CURVE_HZ, self.refresh_from_model)
+        self.timer = self.set_interval(1 / CURVE_HZ, self.refresh_from_model)
 
     def on_resize(self) -> None:
         self.styles.grid_size_columns = max(1, self.size.width // CELL_WIDTH)

@@ -49,7 +49,7 @@ CORE = -1  # a progress floor: its step/total, never clipped ("40/100" of "40/10
 # column down to ``floor`` cells at most, (key, None) hides it. What a later step frees goes back
 # to the columns that shrank. Not listed: rank and state, always shown whole.
 GIVE_WAY: tuple[tuple[str, int | None], ...] = (
-    ("last", 24), ("signal", 24), ("bar", 6),
+    ("last", 24), ("bar", 6), ("signal", 24),
     ("cpu", None), ("rss", None), ("children", None), ("uptime", None), ("bar", None),
     ("local", None), ("pid", None), ("node", None), ("last", 12), ("progress", CORE),
     ("signal", 18),
