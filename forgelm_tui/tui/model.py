@@ -259,7 +259,7 @@ class RunModel:
         return self.stop.reason if self.stop else ""
 
     def row(self, rank: int) -> RankRow:
-        return self.ranks.setdefault(rank, RankRow(rank))
+        return self.ranks.get(rank) or self.ranks.setdefault(rank, RankRow(rank))  # made once
 
     def apply(self, event: ev.Event) -> None:
         self.changed = True
