@@ -11,6 +11,8 @@ forgelm-tui would run, in a terminal: ``bench/tui.py --cpu-variants ...`` starts
   samples  RankSampled events (1 Hz per rank) never reach the model
   logs     the log pane is never fed (the model still keeps every line)
   output   RankOutput events never reach the model (no line kept, nothing for the log pane)
+  curves   progress as pictures off: no curve panel, no history or step rate kept by the view,
+           no pace in the header (the bars stay: a column of the table)
 --profile OUT: cProfile of the main thread (Textual's event loop, which also runs the engine)
 from S to T seconds after the app is mounted (or to its end), written as pstats to OUT.
 --marks FILE: time.time() of the steps to the first frame, one JSON line each as it happens:
@@ -33,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-PARTS = ("table", "header", "samples", "logs", "output")
+PARTS = ("table", "header", "samples", "logs", "output", "curves")
 
 
 class Marks:
@@ -125,6 +127,14 @@ def patch(off: list[str], profile: Path | None, start: float, stop: float) -> No
         setattr(RunModel, "apply", without)  # noqa: B010
     if "logs" in off:
         setattr(tui_app.SupervisorApp, "flush_logs", lambda self: None)  # noqa: B010
+    if "curves" in off:
+        from forgelm_tui.tui import progress_view
+        from forgelm_tui.tui.widgets import curves, run_header
+
+        setattr(curves.CurvePanel, "refresh_from_model",  # noqa: B010
+                lambda self, force=False: False)
+        setattr(progress_view.RankHistory, "add", lambda self, *args: None)  # noqa: B010
+        setattr(run_header, "_pace", lambda model: [])  # noqa: B010
     if profile is not None:
         on_mount = tui_app.SupervisorApp.on_mount
         profiler = cProfile.Profile()

@@ -271,12 +271,13 @@ def quit_tui(tmux: Tmux, name: str, proc: Proc, slot: Path, timeout: float = 20.
 
 
 def cpu_run(ctx: suite.Ctx, mode: str, rep: int, nproc: int, sleep: float,
-            window: tuple[float, float]) -> dict[str, Any]:
-    """One run of ``nproc`` sleeping ranks; supervisor CPU sampled each second until the
+            window: tuple[float, float], ranks: str = "sleeper") -> dict[str, Any]:
+    """One run of ``nproc`` sleeping ranks (``ranks`` "stepper": ranks reporting 10 steps and
+    a loss a second, bench/ranks/stepper.py); supervisor CPU sampled each second until the
     window ends; the window's share of one core is the result."""
     slot = ctx.slot("tui-cpu", mode, rep)
     run_dir = slot / "run"
-    target = [str(RANKS / "sleeper.py"), str(slot), str(sleep)]
+    target = [str(RANKS / f"{ranks}.py"), str(slot), str(sleep)]
     tmux: Tmux | None = None
     launch: suite.Launch | None = None
     try:
@@ -354,12 +355,13 @@ def cpu_run(ctx: suite.Ctx, mode: str, rep: int, nproc: int, sleep: float,
 
 
 def scenario_cpu(ctx: suite.Ctx, reps: int, nproc: int, sleep: float,
-                 window: tuple[float, float], variants: Sequence[str]) -> dict[str, Any]:
+                 window: tuple[float, float], variants: Sequence[str],
+                 ranks: str = "sleeper") -> dict[str, Any]:
     modes = ["tui", "no-tui", *variants]
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     for rep in range(reps):
         for mode in modes:
-            result = cpu_run(ctx, mode, rep, nproc, sleep, window)
+            result = cpu_run(ctx, mode, rep, nproc, sleep, window, ranks)
             runs[mode].append(result)
             print(f"  cpu rep {rep} {mode}: {result['cpu_share'] * 100:.1f}% of a core "
                   f"(main thread {result['main_thread_share'] * 100:.1f}%, "
@@ -368,7 +370,8 @@ def scenario_cpu(ctx: suite.Ctx, reps: int, nproc: int, sleep: float,
                   f"(tmux {fmt_pct(result['tmux_share'])}, machine busy "
                   f"{result['machine_busy_cpus']:.2f} CPUs, ranks ready at "
                   f"{result['all_ready_s']:.1f} s)", flush=True)
-    return {"nproc": nproc, "sleep_s": sleep, "window_s": list(window), "runs": runs}
+    return {"nproc": nproc, "ranks": ranks, "sleep_s": sleep, "window_s": list(window),
+            "runs": runs}
 
 
 def fmt_pct(share: float | None) -> str:
@@ -578,7 +581,8 @@ def tables(results: dict[str, Any]) -> str:
     out: list[str] = []
     if "cpu" in sc:
         c = sc["cpu"]
-        out.append(f"### TUI a. supervisor CPU, {c['nproc']} sleeping ranks, window "
+        kind = {"stepper": "ranks reporting 10 steps/s"}.get(c.get("ranks", ""), "sleeping ranks")
+        out.append(f"### TUI a. supervisor CPU, {c['nproc']} {kind}, window "
                    f"{c['window_s'][0]:g}-{c['window_s'][1]:g} s after start (% of one core)\n")
         out.append("| mode | median | min-max | per run | main thread / other threads, median "
                    "| tmux server (TUI) | machine busy, CPUs | ranks all ready at, s |\n"
@@ -661,7 +665,8 @@ def targets(results: dict[str, Any]) -> list[dict[str, str]]:
         runs = sc["cpu"]["runs"]
         tui = med([r["cpu_share"] for r in runs["tui"]])
         head = med([r["cpu_share"] for r in runs["no-tui"]])
-        add(f"supervisor CPU under the TUI, {sc['cpu']['nproc']} sleeping ranks",
+        kind = "stepping" if sc["cpu"].get("ranks") == "stepper" else "sleeping"
+        add(f"supervisor CPU under the TUI, {sc['cpu']['nproc']} {kind} ranks",
             "<= 15% of one core", f"{tui * 100:.1f}% (--no-tui {head * 100:.1f}%)", tui <= 0.15)
     if "flood" in sc:
         runs = sc["flood"]["runs"]
@@ -713,13 +718,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--frame-reps", type=int, default=None, help="default 9 (3 quick)")
     parser.add_argument("--nproc", type=int, default=64, help="ranks for cpu (64)")
     parser.add_argument("--frame-nproc", type=int, default=8, help="ranks for frame (8)")
+    parser.add_argument("--cpu-ranks", choices=("sleeper", "stepper"), default="sleeper",
+                        help="cpu: sleeping ranks, or ranks reporting 10 steps/s with a loss "
+                             "(what the bars, the pace and the curves are fed)")
     parser.add_argument("--only", default="cpu,flood,frame")
     parser.add_argument("--frame-marks", action="store_true",
                         help="frame: also run forgelm-tui through bench/profile_tui.py --marks "
                              "(timeline of the steps to the first frame)")
     parser.add_argument("--cpu-variants", default="",
                         help="extra cpu modes, run through bench/profile_tui.py: off-table, "
-                             "off-header, off-samples, off-logs, off-output, profile (comma list)")
+                             "off-header, off-samples, off-logs, off-output, off-curves, profile "
+                             "(comma list)")
     parser.add_argument("--flood-variants", default="",
                         help="extra flood modes, the same names as --cpu-variants")
     parser.add_argument("--quiet-cpus", type=float, default=0.5)
@@ -753,7 +762,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                  "frame_reps": frame_reps})
     results: dict[str, Any] = {"meta": meta, "scenarios": {}}
     steps: list[tuple[str, Callable[[], dict[str, Any]]]] = [
-        ("cpu", lambda: scenario_cpu(ctx, cpu_reps, args.nproc, sleep, window, variants)),
+        ("cpu", lambda: scenario_cpu(ctx, cpu_reps, args.nproc, sleep, window, variants,
+                                     args.cpu_ranks)),
         ("flood", lambda: scenario_flood(ctx, flood_reps, flood_variants)),
         ("frame", lambda: scenario_frame(ctx, frame_reps, args.frame_nproc, args.frame_marks)),
     ]

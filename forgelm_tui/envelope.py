@@ -130,6 +130,7 @@ def rank_dict(
         }
         if record.progress_source
         else None,
+        "metrics_history": record.history.as_dict(),
         **_stacks(record),
         "stopped_at_step": record.stopped_step,
         "reported_signal": record.reported_signal,

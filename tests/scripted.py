@@ -8,6 +8,7 @@ it lives in tests/, not in the package.
 from __future__ import annotations
 
 import asyncio
+import math
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -98,16 +99,18 @@ def start_ranks(run: ScriptedRun, clock: FakeClock, quiet: int | None = None) ->
     for rank in range(run.world_size):
         run.emit(ev.RankStarted(rank, rank, 41000 + rank, T0))
         _state(run, rank, RankState.RUNNING)
-    clock.advance(95)
+    clock.advance(95 - 7.5)
+    for step in range(2, 31, 2):  # 4 steps/s over the last 7.5 s: a loss curve and a pace
+        for rank in range(run.world_size):
+            if rank != quiet:
+                run.emit(ev.RankProgressed(rank, step, 1200, {"loss": _loss(step, rank)},
+                                           ProgressSource.CHANNEL))
+        clock.advance(0.5)
     for step in range(1, 4):
         for rank in range(run.world_size):
             if rank != quiet:
                 line = f"{{'loss': {2.5 - 0.1 * step - 0.01 * rank:.4f}, 'step': {step * 10}}}"
                 run.emit(ev.RankOutput.of(rank, Stream.STDOUT, (line,)))
-    for rank in range(run.world_size):
-        if rank != quiet:
-            run.emit(ev.RankProgressed(rank, 30, 1200, {"loss": 2.2 - 0.01 * rank},
-                                       ProgressSource.CHANNEL))
     if quiet is not None:
         run.emit(ev.RankOutput.of(quiet, Stream.STDERR, (
             "waiting at barrier (rank idles while rank 0 evaluates)",)))
@@ -118,6 +121,12 @@ def start_ranks(run: ScriptedRun, clock: FakeClock, quiet: int | None = None) ->
                                 * 1_048_576, 2, 42.0 if is_quiet else 2.0, HANDLES_USR))
         if is_quiet:
             _state(run, rank, RankState.QUIET)
+
+
+def _loss(step: int, rank: int) -> float:
+    """A falling, slightly noisy loss that reaches 2.2 - 0.01 * rank at step 30."""
+    wobble = ((step * 7 + rank * 3) % 5 - 2) * 0.04 if step < 30 else 0.0
+    return round(2.2 - 0.01 * rank + 1.2 * (30 - step) / 28 + wobble, 4)
 
 
 def _stop(run: ScriptedRun, clock: FakeClock, ranks: tuple[int, ...], kind: StopKind,
@@ -150,6 +159,28 @@ def state_cancelling(run: ScriptedRun, clock: FakeClock) -> None:
             _exit(run, clock, rank, None, signal.SIGTERM, RankState.KILLED)
     clock.advance(5)
     run.emit(ev.StopCountdown(run.grace - 6, (3,)))
+
+
+def state_training(run: ScriptedRun, clock: FakeClock) -> None:
+    """4 ranks half-way through 1200 steps at 10 steps/s, rank 3 15 steps behind: the bars,
+    the pace and the loss curves."""
+    run.emit(ev.RunStarted(run.run_id, run.world_size, ("python",), "/runs/x", T0))
+    for rank in range(run.world_size):
+        run.emit(ev.RankStarted(rank, rank, 41000 + rank, T0))
+        _state(run, rank, RankState.RUNNING)
+    clock.advance(60)
+    for report in range(1, 121):
+        for rank in range(run.world_size):
+            step = 5 * report - (15 if rank == 3 else 0)
+            wobble = ((report * 7 + rank * 3) % 5 - 2) * 0.03
+            loss = round(0.8 + 2.4 * math.exp(-step / 300) + wobble, 4)
+            run.emit(ev.RankProgressed(rank, step, 1200, {"loss": loss}, ProgressSource.CHANNEL))
+            if report % 30 == 0:
+                run.emit(ev.RankOutput.of(rank, Stream.STDOUT, (f"step {step}/1200 loss {loss}",)))
+        clock.advance(0.5)
+    for rank in range(run.world_size):
+        run.emit(ev.RankSampled(rank, 99.0 - rank, 2_147_483_648 + rank * 1_048_576, 2, 0.5,
+                                HANDLES_USR))
 
 
 def _records(world: int, ends: dict[int, tuple[int | None, int | None, float, list[SignalSent]]],
@@ -258,6 +289,7 @@ STATES: dict[str, tuple[int, Callable[..., Any]]] = {
     "failed": (4, state_failed),
     "approval": (2, state_approval),
     "crashed": (4, state_crashed),
+    "training": (4, state_training),
 }
 ENDED = ("failed", "approval", "crashed")  # states that finish the run
 
@@ -285,5 +317,8 @@ def scripted_app(name: str, *, envelope_dir: Path | None = None,
         app.refresh_table()
         app.flush_logs()
         await pilot.pause()
+        if app.query_one("#curves").refresh_from_model(force=True):
+            await pilot.pause()  # new curves are drawn once mounted
+            await pilot.pause()
 
     return app, run, prepare

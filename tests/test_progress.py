@@ -60,8 +60,14 @@ def test_an_output_event_sanitises_only_what_is_asked() -> None:
 def test_progress_from_hf_style_output(tmp_path: Path) -> None:
     run = run_cli([rank_script("progress_bar.py")], tmp_path)
     assert run.proc.returncode == 0
-    progress = run.envelope()["ranks"][0]["progress"]
-    assert progress == {"step": 20, "total": 20, "metrics": {"loss": 1.0}, "source": "output"}
+    rank = run.envelope()["ranks"][0]
+    assert rank["progress"] == {"step": 20, "total": 20, "metrics": {"loss": 1.0},
+                                "source": "output"}
+    # The loss dicts' values, at the step the bar showed then (the two pipes are read apart:
+    # a step or so either way); a chunk holding two dicts gives its newest.
+    points = rank["metrics_history"]["loss"]
+    assert points[-1][1] == 1.0 and 1 <= len(points) <= 4
+    assert [v for _, v in points] == sorted((v for _, v in points), reverse=True)
 
 
 def test_progress_from_the_channel(tmp_path: Path) -> None:
@@ -71,6 +77,9 @@ def test_progress_from_the_channel(tmp_path: Path) -> None:
         assert rank["progress"]["source"] == "channel"
         assert (rank["progress"]["step"], rank["progress"]["total"]) == (4, 4)
         assert "loss" in rank["progress"]["metrics"]
+        history = rank["metrics_history"]["loss"]
+        assert [step for step, _ in history] == [1, 2, 3, 4]
+        assert history[-1][1] == rank["progress"]["metrics"]["loss"]
 
 
 def test_heartbeats_keep_a_silent_run_from_stalling(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from functools import cached_property
 from forgelm_tui.engine.gpu_events import GpuDevice as GpuDevice  # re-exported: every event
 from forgelm_tui.engine.gpu_events import GpuSampled as GpuSampled  # is an events.X
 from forgelm_tui.engine.gpu_events import RankGpu as RankGpu
+from forgelm_tui.engine.history import MetricSeries
 from forgelm_tui.engine.sanitize import sanitize_block, sanitize_line
 from forgelm_tui.verdict import StopKind, Verdict
 
@@ -345,6 +346,7 @@ class RankSnapshot:
     ignored_mask: int = 0
     progress_evidence: ProgressEvidence | None = None
     gpu: RankGpu | None = None  # its last GPU sample; None without GPU sampling
+    metrics_history: tuple[MetricSeries, ...] = ()  # the curve's metric, down-sampled
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,7 @@ class ProgressReader:
             record.step, record.total = step
         if loss is not None:
             record.metrics = {"loss": loss}
+            record.history.add(record.step, record.metrics)  # only values just reported
         self._progressed(record, ProgressSource.OUTPUT)
 
     @staticmethod
@@ -88,6 +89,7 @@ class ProgressReader:
                 record.total = message.total if message.total is not None else record.total
                 if message.metrics:
                     record.metrics = dict(message.metrics)
+                    record.history.add(record.step, record.metrics)
                 self._progressed(record, ProgressSource.CHANNEL)
             case MessageKind.STOP_REQUESTED:
                 record.saw(Evidence.HEARTBEAT, now)

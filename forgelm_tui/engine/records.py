@@ -22,6 +22,7 @@ from forgelm_tui.engine.events import (
     RankState,
     SignalSent,
 )
+from forgelm_tui.engine.history import MetricsHistory
 from forgelm_tui.engine.logfile import LogLoss
 from forgelm_tui.engine.spec import LaunchSpec
 from forgelm_tui.verdict import RankEnding, StopKind
@@ -100,6 +101,7 @@ class RankRecord:
     step: int | None = None
     total: int | None = None
     metrics: dict[str, float] = field(default_factory=dict)
+    history: MetricsHistory = field(default_factory=MetricsHistory)  # bounded (engine/history)
     progress_source: ProgressSource | None = None
     progress_evidence: ProgressEvidence | None = None  # the strongest kind shown so far
     evidence_told: ProgressEvidence | None = None  # ...as views were last told (snapshots)
@@ -204,6 +206,7 @@ class RankRecord:
             cpu_percent=self.cpu_percent, rss_bytes=self.rss_bytes, children=self.children,
             caught_mask=self.caught_mask, ignored_mask=self.ignored_mask,
             progress_evidence=self.evidence_told, gpu=self.gpu,
+            metrics_history=self.history.snapshot(),
         )
 
 

@@ -36,6 +36,7 @@ from forgelm_tui.tui.screens.help import HelpScreen
 from forgelm_tui.tui.screens.search import SearchPrompt
 from forgelm_tui.tui.screens.stacks import StacksActions
 from forgelm_tui.tui.terminal import TERMINAL_CLOSED, Terminal, exit_on_signals
+from forgelm_tui.tui.widgets.curves import CurvePanel
 from forgelm_tui.tui.widgets.key_hints import KeyHints
 from forgelm_tui.tui.widgets.log_pane import LogPane
 from forgelm_tui.tui.widgets.rank_table import RankTable
@@ -104,6 +105,7 @@ class SupervisorApp(StacksActions):
         yield RunHeader(id="header")
         with Vertical(id="body"):
             yield RankTable(id="ranks")
+            yield CurvePanel(self.model, id="curves")  # its own 1 Hz timer, hidden when short
             yield VerdictPanel(id="verdict")
             yield Static("", id="log-title")
             yield LogPane(id="logs")

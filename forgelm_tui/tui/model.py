@@ -1,8 +1,7 @@
 """What the TUI shows, folded from engine events. No Textual here: it is plain, testable state.
 
 The engine calls :meth:`RunModel.apply` for every event on the event loop; widgets read the model
-on their own timers (table at 2 Hz, logs at 10 Hz), so a flood of events never means a flood of
-repaints.
+on their own timers (table, curves: 1 Hz; logs: 10 Hz): a flood of events is no flood of repaints.
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.events import Purpose, RankState
 from forgelm_tui.signames import handles, signal_name
 from forgelm_tui.tui.gpu_view import GpuView
+from forgelm_tui.tui.progress_view import RankHistory
 from forgelm_tui.verdict import describe
 
 LOG_KEEP_MERGED = 20_000  # lines of the merged view kept in memory
@@ -57,6 +57,7 @@ class RankRow:
     metrics: dict[str, float] = field(default_factory=dict)
     evidence: ev.ProgressEvidence | None = None  # what kind of progress counts for it
     node_rank: int | None = None  # another node's rank (multi-node); None: this node's
+    history: RankHistory = field(default_factory=RankHistory)  # curve, step rate (progress_view)
 
     @property
     def ended(self) -> bool:
@@ -260,7 +261,7 @@ class RunModel:
         return self.stop.reason if self.stop else ""
 
     def row(self, rank: int) -> RankRow:
-        return self.ranks.setdefault(rank, RankRow(rank))
+        return self.ranks.get(rank) or self.ranks.setdefault(rank, RankRow(rank))  # made once
 
     def apply(self, event: ev.Event) -> None:
         self.changed = True
@@ -287,6 +288,7 @@ class RunModel:
             case ev.RankProgressed(rank=rank, step=step, total=total, metrics=metrics):
                 row = self.row(rank)
                 row.step, row.total, row.metrics = step, total, dict(metrics)
+                row.history.add(step, metrics, self.clock())
             case ev.RankEvidenceChanged(rank=rank, evidence=evidence):
                 self.row(rank).evidence = evidence
             case _:
@@ -398,4 +400,5 @@ def _row(snap: ev.RankSnapshot) -> RankRow:
         started_at=snap.started_at, ended_at=snap.ended_at, last_output_at=snap.last_output_at,
         last_line=snap.last_line, exit_code=snap.exit_code, signal=snap.signal,
         sent=[(s.signal, s.purpose, s.reason) for s in snap.signals], step=snap.step,
-        total=snap.total, metrics=dict(snap.metrics), evidence=snap.progress_evidence)
+        total=snap.total, metrics=dict(snap.metrics), evidence=snap.progress_evidence,
+        history=RankHistory(snap.metrics_history))

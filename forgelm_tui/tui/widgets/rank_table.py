@@ -20,6 +20,7 @@ from textual.widgets import DataTable
 from forgelm_tui.engine.events import ProgressEvidence
 from forgelm_tui.tui.model import RankRow, RunModel
 from forgelm_tui.tui.widgets.gpu_cells import GPU_COLUMNS, GPU_KEYS, gpu_cells
+from forgelm_tui.tui.widgets.progress_bar import BAR_CELLS, bar_cell, fit_bar
 
 LAST_LINE_CHARS = 40  # the log pane has the whole line; the table only a glimpse
 
@@ -37,6 +38,7 @@ COLUMNS = (
     ("children", "kids", 4),
     ("uptime", "uptime", 6),
     ("age", "out age", 7),
+    ("bar", "", BAR_CELLS),  # step/total as a bar, left of its numbers (progress_bar.py)
     ("progress", "progress", 16),
     ("exit", "exit", 9),  # "0 SUCCESS"
     ("signal", "signal", 6),
@@ -50,8 +52,8 @@ CORE = -1  # a progress floor: its step/total, never clipped ("40/100" of "40/10
 # column down to ``floor`` cells at most, (key, None) hides it. What a later step frees goes back
 # to the columns that shrank. Not listed: rank and state, always shown whole.
 GIVE_WAY: tuple[tuple[str, int | None], ...] = (
-    ("last", 24), ("signal", 24),
-    ("cpu", None), ("rss", None), ("children", None), ("uptime", None),
+    ("last", 24), ("bar", 6), ("signal", 24),
+    ("cpu", None), ("rss", None), ("children", None), ("uptime", None), ("bar", None),
     ("gpu_util", None),
     ("local", None), ("pid", None), ("node", None), ("last", 12), ("progress", CORE),
     ("signal", 18),
@@ -105,6 +107,9 @@ def progress_cell(row: RankRow) -> Cell:
     if not text:
         return (row.evidence.value, "dim")
     return (f"{text} · {row.evidence.value}", "")
+
+
+CLIPS = {"progress": _clip_progress, "bar": fit_bar}  # how a cell is fitted to its column
 
 
 def _text(cell: Cell) -> Text:
@@ -189,6 +194,7 @@ class RankTable(DataTable[Text]):
             "children": (str(row.children) if active else "-", ""),
             "uptime": (human_seconds(model.uptime(row)), ""),
             "age": (human_seconds(model.output_age(row)), ""),
+            "bar": bar_cell(row, style),
             "progress": progress_cell(row),
             "exit": (row.exit_text(), style),
             "signal": (row.signal_text(), "red" if row.signal else "magenta"),
@@ -256,7 +262,7 @@ class RankTable(DataTable[Text]):
 
     def _clipped(self, cells: dict[str, Cell]) -> dict[str, Cell]:
         widths = self.shown_widths
-        return {key: ((_clip_progress if key == "progress" else _clip)(plain, widths[key]), style)
+        return {key: (CLIPS.get(key, _clip)(plain, widths[key]), style)
                 for key, (plain, style) in cells.items() if key in widths}
 
     def _add_row(self, rank: int, cells: dict[str, Cell]) -> None:

@@ -1,5 +1,6 @@
-"""The run's header: state, the grace countdown, the verdict, elapsed time; then the command;
-then, once GPUs were sampled, each device's figures (``gpu0 87% 30.0/80.0 GiB 61C 250 W``).
+"""The run's header: state, the grace countdown, the verdict, the pace (steps/s, ETA), elapsed
+time; then the command; then, once GPUs were sampled, each device's figures
+(``gpu0 87% 30.0/80.0 GiB 61C 250 W``).
 
 The first line never wraps: when it does not fit, its least useful parts go first (the name, the
 run id, the rank count...), and the state, the countdown and the exit code stay. The command is
@@ -17,6 +18,7 @@ from forgelm_tui.engine.events import GpuDevice
 from forgelm_tui.gpu_text import devices_line
 from forgelm_tui.tui.attempt import attempt_label
 from forgelm_tui.tui.model import RunModel
+from forgelm_tui.tui.progress_view import rate_text, run_pace
 from forgelm_tui.tui.widgets.rank_table import human_seconds
 
 GAPS = {"·": ("  ·  ", " · "), "  ": ("  ", " "), " ": (" ", " ")}  # (wide, narrow)
@@ -53,10 +55,21 @@ def header_parts(model: RunModel, verdict_label: str | None) -> list[Part]:
         parts.append(Part(model.stop_reason, "magenta", 2))
     if verdict_label:
         parts.append(Part(f"exit {verdict_label}", "bold", 0, "  "))
+    parts += _pace(model)
     parts += [Part(f"elapsed {human_seconds(model.elapsed())}", "", 2),
               Part(f"{model.world_size} rank{'s' if model.world_size != 1 else ''}", "", 3),
               Part(f"run {model.run_id}", "", 4)]
     return parts
+
+
+def _pace(model: RunModel) -> list[Part]:
+    """While the run runs: the slowest live rank's steps/s and when the last one will be done
+    (docs/progress.md); gone first after the run id and the rank count."""
+    pace = run_pace(model.ranks.values(), model.clock()) if model.state == "running" else None
+    if pace is None:
+        return []
+    eta = "ETA -" if pace.eta is None else f"ETA {human_seconds(pace.eta)}"
+    return [Part(rate_text(pace.rate), "", 3), Part(eta, "bold", 2, " ")]
 
 
 def _join(parts: list[Part], wide: bool) -> Text:

@@ -1,0 +1,35 @@
+"""A rank's step/total as a bar in its own column of the rank table, drawn at the column's width.
+
+The cell is ``(fraction, style)`` like every other cell, the fraction written as text
+(``"0.0250"``; empty when no total is known), so the table compares it as cheaply as the rest;
+it becomes a bar only when fitted to its column (``fit_bar``). Eighth blocks give the bar a
+resolution of 1/80 at 10 cells; the rest of the column is a light shade, so the scale shows.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # no import cycle: the table imports this module, not the other way
+    from forgelm_tui.tui.model import RankRow
+
+BAR_CELLS = 10  # the bar's width when the table has room; it gives way like other columns
+EIGHTHS = " ▏▎▍▌▋▊▉"  # a partly filled cell, by eighths
+FULL, EMPTY = "█", "░"
+
+
+def bar_cell(row: RankRow, style: str) -> tuple[str, str]:
+    """``("0.0250", style)`` for a rank at step 30 of 1200; empty without a step or total."""
+    if row.step is None or not row.total or row.total <= 0:
+        return ("", "")
+    return (f"{min(1.0, max(0.0, row.step / row.total)):.4f}", style)
+
+
+def fit_bar(fraction: str, width: int) -> str:
+    """The bar for ``fraction`` in exactly ``width`` cells (empty text: no bar)."""
+    if not fraction or width <= 0:
+        return ""
+    eighths = round(float(fraction) * width * 8)
+    full, part = divmod(eighths, 8)
+    bar = FULL * full + (EIGHTHS[part] if part else "")
+    return bar + EMPTY * (width - len(bar))
