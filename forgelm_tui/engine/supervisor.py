@@ -8,17 +8,17 @@ the commands :meth:`request_cancel`, :meth:`kill_now` and :meth:`forward`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from forgelm_tui.channel import CHANNEL_ENV, STACKS_ENV, STACKS_SIGNAL, Message
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.channel import ChannelServer
 from forgelm_tui.engine.descendants import Descendants
 from forgelm_tui.engine.events import Purpose, RankState
+from forgelm_tui.engine.fanout import Fanout, Listener
 from forgelm_tui.engine.faults import FaultGuard, SupervisorError, listener_name
 from forgelm_tui.engine.guardian import Guardian
 from forgelm_tui.engine.output import OutputDrain
@@ -41,7 +41,6 @@ from forgelm_tui.engine.stacks import StackCapture, find_py_spy
 from forgelm_tui.engine.timers import LoopTimers
 from forgelm_tui.signames import signal_name
 
-Listener = Callable[[ev.Event], None]
 PIPE_EOF_WAIT = 2.0  # after the last rank ends, how long a stray holder may keep its pipes
 FAULT_WAIT = 5.0  # after a supervisor error, past the grace: the run ends whatever happened
 
@@ -62,8 +61,9 @@ class Supervisor:
         self._base_env = {**(os.environ if base_env is None else base_env), **self.descendants.env}
         self._guardian = guardian
         self._gpu = GpuFold(self.records, self.emit)  # GPU samples -> records, GpuSampled
-        self._listeners: list[Listener] = []
-        self._held: list[ev.Event] | None = None
+        self._events = Fanout(lambda exc, listener: self.faults.caught(
+            exc, f"listener {listener_name(listener)}"))
+        self._signals_first = self._events.signals_first
         self._shown: dict[int, RankState] = {r: RankState.STARTING for r in self.records}
         self._timers = LoopTimers()
         self._policy = StopPolicy(self.records, settings_for(spec), self, self._timers, peers=peers)
@@ -94,7 +94,7 @@ class Supervisor:
         return self._policy.cancels
 
     def subscribe(self, listener: Listener) -> None:
-        self._listeners.append(listener)
+        self._events.listeners.append(listener)
 
     def snapshot(self) -> ev.RunSnapshot:
         stop = self._stopping_event()
@@ -107,28 +107,7 @@ class Supervisor:
     # ----------------------------------------------------------------- events out
 
     def emit(self, event: ev.Event) -> None:
-        if self._held is not None:
-            self._held.append(event)
-            return
-        for listener in self._listeners:
-            try:
-                listener(event)
-            except Exception as exc:  # a view's bug: recorded, the ranks stopped, never a hang
-                self.faults.caught(exc, f"listener {listener_name(listener)}")
-
-    @contextlib.contextmanager
-    def _signals_first(self) -> Iterator[None]:
-        """Hold events while signals go out: no view work delays a peer's SIGTERM."""
-        if self._held is not None:
-            yield
-            return
-        self._held = []
-        try:
-            yield
-        finally:
-            held, self._held = self._held, None
-            for event in held:
-                self.emit(event)
+        self._events.emit(event)
 
     def rank_changed(self, record: RankRecord) -> None:
         """Tell views a rank's state when it is no longer what they were last told."""
@@ -233,12 +212,11 @@ class Supervisor:
 
     def _on_exit(self, record: RankRecord, returncode: int) -> None:
         record.mark_exit(returncode)
-        with self._signals_first():
+        with self._signals_first() as held:
             self._policy.rank_ended(record)  # may SIGTERM every peer: before any view work
-            exited = ev.RankExited(record.rank, record.exit_code, record.signal,
-                                   record.signalled_first, record.ended_at or time.time())
-            assert self._held is not None
-            self._held.insert(0, exited)  # the exit first: it is what caused the rest
+            held.insert(0, ev.RankExited(record.rank, record.exit_code, record.signal,
+                                         record.signalled_first, record.ended_at or time.time()))
+            # the exit first: it is what caused the rest
             self.rank_changed(record)
         self._check_finished()
 
