@@ -26,7 +26,7 @@ from forgelm_tui.signames import signal_name
 from forgelm_tui.tui.app import SupervisorApp
 from forgelm_tui.tui.attempt import restore
 from forgelm_tui.tui.ended import deliver_envelope, show_ended
-from forgelm_tui.tui.model import LogStore
+from forgelm_tui.tui.logs import LogStore
 from forgelm_tui.verdict import Verdict
 
 HISTORY_BYTES = 64 << 10  # of each rank's log files, shown before the live stream

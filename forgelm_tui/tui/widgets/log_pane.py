@@ -25,7 +25,7 @@ from textual.selection import Selection
 from textual.strip import Strip
 from textual.widget import Widget
 
-from forgelm_tui.tui.model import LOG_KEEP_MERGED, LogLine, LogStore
+from forgelm_tui.tui.logs import LOG_KEEP_MERGED, LogLine, LogStore
 
 # Characters of text kept: at most 8 MiB of str (a line cut at 2000 characters ends in "…", so
 # Python stores it at two bytes a character; four for text beyond the BMP).
