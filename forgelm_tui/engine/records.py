@@ -107,6 +107,7 @@ class RankRecord:
     stopped_step: int | None = None  # the step at which it stopped on an agreement
     stacks_handler: StacksHandler | None = None  # announced: it may get the stacks signal
     stacks: RankStacks | None = None  # where it was stuck, at the last capture
+    crash: tuple[str, str] | None = None  # exit 1 of an uncaught exception: (type, message)
 
     @property
     def alive(self) -> bool:
@@ -183,6 +184,8 @@ class RankRecord:
             foreign_stop=self.foreign_stop,
             foreign_mono=self.reported_mono if self.reported_mono is not None else float("inf"),
             forwarded_death=self.forwarded_death,
+            crash=self.crash,
+            node_rank=self.node_rank,
         )
 
     def snapshot(self) -> RankSnapshot:
