@@ -7,7 +7,8 @@ uncaught exception (a traceback). Under the ``forgelm`` contract the second is a
 - the rank's ``TORCHELASTIC_ERROR_FILE``: a ``@record``-decorated rank writes it only for an
   uncaught exception (never for ``SystemExit``), ``{"message": {"message": "Type: text"}}``;
 - the end of its stderr log: the interpreter prints ``Traceback (most recent call last):``,
-  the frames (indented), then ``Type: message`` as its last words.
+  the frames (indented), then ``Type: message`` as its last words. Once a process group is
+  initialised, torch's excepthook prefixes each of those lines with ``[rankN]: ``.
 
 Cheap: the error file is small and at most :data:`TAIL_BYTES` of the log are read, only for
 ranks that exited 1. The verdict itself stays pure: it gets the answer in ``RankEnding.crash``.
@@ -29,6 +30,7 @@ TRAILING_LINES = 40  # lines after the exception line still "at the end" (a long
 MESSAGE_CHARS = 300  # the exception's message as the verdict keeps it (its first line)
 TRACEBACK = "Traceback (most recent call last):"
 EXCEPTION_LINE = re.compile(r"([A-Za-z_][\w.]*)(?::\s?(.*))?$")
+TORCH_PREFIX = re.compile(r"^\[rank\d+\]: ?", re.MULTILINE)  # torch.distributed's excepthook
 CRASH_EXIT = 1  # what Python exits with after an uncaught exception
 
 
@@ -60,7 +62,7 @@ def from_error_file(path: str) -> tuple[str, str] | None:
 
 def from_stderr(text: str) -> tuple[str, str] | None:
     """The exception of the last traceback, if the stderr ends with it (within a few lines)."""
-    lines = text.splitlines()
+    lines = TORCH_PREFIX.sub("", text).splitlines()
     header = next((i for i in range(len(lines) - 1, -1, -1) if lines[i].strip() == TRACEBACK),
                   None)
     if header is None:
