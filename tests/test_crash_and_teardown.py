@@ -3,6 +3,7 @@ stays 1; a rank failing after rank 0's outcome exit is collateral in ForgeLM mod
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from pathlib import Path
@@ -132,3 +133,28 @@ def test_other_programs_keep_rule_2_for_a_failure_after_rank0(tmp_path: Path) ->
     assert envelope["ranks"][1]["failed_after_rank0_exit"] is True
     assert envelope["ranks"][1]["collateral"] is False
     assert "note: rank 1 failed after rank 0 had exited" in out
+
+
+def test_the_verdict_panel_warns_of_collateral_and_names_the_exception() -> None:
+    from rich.console import Console
+
+    from forgelm_tui.tui.widgets.verdict_panel import verdict_summary
+
+    envelope = {
+        "exit_code": 4, "exit_name": "EXIT_AWAITING_APPROVAL", "exit_meaning": "model staged",
+        "ci_action": "request review", "root_cause_rank": None, "collateral_ranks": [1],
+        "decided_by": {"rule": 3, "explanation": "rank 0's own exit code", "rank": 0},
+        "ranks": [{"rank": 0}, {"rank": 1, "collateral": True, "failed_after_rank0_exit": True},
+                  {"rank": 2, "failed_after_rank0_exit": True}]}
+    console = Console(width=200, record=True, file=io.StringIO())
+    console.print(verdict_summary(envelope, "/x/envelope.json"))
+    text = console.export_text()
+    assert "warning: rank 1 failed after rank 0 had exited: collateral (teardown)" in text
+    assert "rank 2 failed after rank 0 had exited (not ForgeLM: a failure)" in text
+    crashed = {**envelope, "exit_code": 2, "exit_name": "EXIT_TRAINING_ERROR",
+               "root_cause_rank": 1, "collateral_ranks": [],
+               "ranks": [{"rank": 0}, {"rank": 1, "stderr_log": "/x/rank-1.stderr.log",
+                                       "exception": {"type": "RuntimeError",
+                                                     "message": "boom \x1b[31m"}}]}
+    console.print(verdict_summary(crashed, None))
+    assert "root cause: rank 1: RuntimeError: boom" in console.export_text()
