@@ -102,3 +102,14 @@ def test_deliberate_exit_1_stays_a_config_error() -> None:
 def test_crash_survives_the_wire() -> None:
     ending = rk(1, 1, crash=CRASH, node=2)
     assert ending_from_wire(ending_to_wire(ending)) == ending
+
+
+def test_the_new_fields_round_trip_through_the_event_codec() -> None:
+    from forgelm_tui.engine import codec
+    from forgelm_tui.engine import events as ev
+
+    verdict = decide([rk(0, 4, t=1), rk(1, 1, t=2, crash=CRASH), rk(2, 1, t=0.5, crash=CRASH)],
+                     FAIL, F, rank0_decides=True)
+    assert verdict.collateral == (1,) and verdict.exception == CRASH
+    event = ev.VerdictReached(verdict, "/x/envelope.json")
+    assert codec.from_wire(codec.to_wire(event)) == event
