@@ -61,6 +61,10 @@ def one_run(run_dir: Path, timeout: float) -> tuple[int, str]:
     return done.returncode, why[0]
 
 
+def _counts(codes: collections.Counter[int]) -> str:
+    return ", ".join(f"exit {code}: {n}" for code, n in sorted(codes.items()))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=200)
@@ -87,6 +91,9 @@ def main() -> int:
                         shutil.copytree(run_dir, opts.keep_failures / f"run-{index}",
                                         dirs_exist_ok=True)
                 shutil.rmtree(run_dir, ignore_errors=True)
+                if (index + 1) % 10 == 0:  # a partial count survives an interrupted bench
+                    print(f"after {index + 1} runs ({time.monotonic() - started:.0f} s): "
+                          f"{_counts(codes)}", flush=True)
     finally:
         stop.set()
         for proc in burners:
@@ -94,8 +101,7 @@ def main() -> int:
             if proc.is_alive():
                 proc.kill()
     wall = time.monotonic() - started
-    counts = ", ".join(f"exit {code}: {n}" for code, n in sorted(codes.items()))
-    print(f"{opts.runs} runs with {opts.burners} CPU burners in {wall:.0f} s: {counts}")
+    print(f"{opts.runs} runs with {opts.burners} CPU burners in {wall:.0f} s: {_counts(codes)}")
     return 0 if codes[EXPECTED] == opts.runs else 1
 
 
