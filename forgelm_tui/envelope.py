@@ -60,6 +60,10 @@ def verdict_dict(verdict: Verdict) -> dict[str, Any]:
             "rank": verdict.deciding_rank,
         },
         "disagreements": [{"rank": r, "exit_code": c} for r, c in verdict.disagreements],
+        "collateral_ranks": list(verdict.collateral),
+        "exception": None if verdict.exception is None else {
+            "rank": verdict.deciding_rank, "type": verdict.exception[0],
+            "message": verdict.exception[1]},
     }
 
 
@@ -82,7 +86,8 @@ def _error_file(path: str) -> dict[str, Any] | None:
 
 
 def rank_dict(
-    record: RankRecord, failed: bool, result: dict[str, Any] | None
+    record: RankRecord, failed: bool, result: dict[str, Any] | None,
+    verdict: Verdict | None = None,
 ) -> dict[str, Any]:
     duration = None
     if record.started_mono is not None and record.ended_mono is not None:
@@ -138,6 +143,10 @@ def rank_dict(
         "forwarded_death": record.forwarded_death,
         "stderr_tail": list(record.stderr_tail)[-ERROR_TAIL_LINES:] if failed else None,
         "error": _error_file(record.error_file) if failed else None,
+        "exception": None if record.crash is None else {
+            "type": record.crash[0], "message": record.crash[1]},
+        "collateral": verdict is not None and record.rank in verdict.collateral,
+        "failed_after_rank0_exit": verdict is not None and record.rank in verdict.after_rank0_exit,
         "forgelm_result": result,
     }
 
@@ -239,7 +248,7 @@ def build(
         "storage": storage_section(ranks),
         "result": results.get(0),
         "ranks": [
-            rank_dict(r, _failed(r), results.get(r.rank))
+            rank_dict(r, _failed(r), results.get(r.rank), verdict)
             for r in ranks
         ],
     }

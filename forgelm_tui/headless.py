@@ -285,6 +285,17 @@ def descendant_lines(descendants: Sequence[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def after_rank0_lines(verdict: Verdict) -> list[str]:
+    """Warnings for the ranks that failed after rank 0's outcome exit (docs/verdict.md)."""
+    lines = [f"warning: rank {rank} failed after rank 0 had exited with an outcome code: "
+             "collateral (teardown), not a root cause; see its log"
+             for rank in verdict.collateral]
+    lines += [f"note: rank {rank} failed after rank 0 had exited with an outcome code "
+              "(not ForgeLM: still a failure)"
+              for rank in verdict.after_rank0_exit if rank not in verdict.collateral]
+    return lines
+
+
 def _ranks(ranks: Iterable[int]) -> str:
     return ",".join(str(r) for r in ranks) or "-"
 
@@ -363,5 +374,6 @@ def summary_text(
     out = [f"{PREFIX} summary", *lines]
     for rank, code in verdict.disagreements:
         out.append(f"{PREFIX} note: rank {rank} exited {code}, unlike rank 0")
+    out.extend(f"{PREFIX} {line}" for line in after_rank0_lines(verdict))
     out.append(f"{PREFIX} exit {verdict.code} {verdict.name} ({verdict.rule_text}){where}")
     return "\n".join(out) + "\n"

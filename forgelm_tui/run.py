@@ -18,6 +18,7 @@ from forgelm_tui.attempts import AttemptChain, attempt_entry, attempt_facts, mak
 from forgelm_tui.control.server import serving
 from forgelm_tui.ending import RunEnding
 from forgelm_tui.engine import events as ev
+from forgelm_tui.engine.crash import note_crashes
 from forgelm_tui.engine.faults import fault_verdict
 from forgelm_tui.engine.guardian import Guardian
 from forgelm_tui.engine.own_signals import OwnSignals
@@ -62,10 +63,11 @@ class RunReport:
         stop = sup.stop
         facts = (StopFacts(stop.kind, stop.signal, stop.origin_rank, stop.lost_node)
                  if stop else None)
+        note_crashes(sup.records.values())  # exit 1: a traceback (a crash) or a deliberate 1
         endings = [r.ending() for r in sup.records.values() if r.pid is not None]
         if not endings and stop is not None:  # cancelled before any rank started
             endings = [RankEnding(0, None, stop.signal, 0.0, signalled_first=True)]
-        return decide(endings, facts, self.plan.contract)
+        return decide(endings, facts, self.plan.contract, rank0_decides=self.plan.forgelm_mode)
 
     def _results(self) -> dict[int, dict[str, Any]]:
         if not self.plan.forgelm_mode:

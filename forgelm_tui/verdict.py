@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from forgelm_tui.signames import signal_name
@@ -73,6 +73,10 @@ class RankEnding:
     foreign_stop: bool = False  # it reported a stop signal forgelm-tui had not sent
     foreign_mono: float = float("inf")  # when it reported that (orders "who got it first")
     forwarded_death: bool = False  # it died of a signal forgelm-tui forwarded to it
+    # It died of an uncaught Python exception: (type, message), from its error file or the
+    # traceback at the end of its stderr (engine/crash.py reads them; this module reads nothing).
+    crash: tuple[str, str] | None = None
+    node_rank: int = 0  # the machine whose monotonic clock ``ended_mono`` is on
 
     @property
     def failed_on_own(self) -> bool:
@@ -106,6 +110,13 @@ class Verdict:
     rule_text: str
     deciding_rank: int | None
     disagreements: tuple[tuple[int, int], ...] = ()  # (rank, own code) differing from rank 0's
+    # Ranks that failed after rank 0 had exited with an outcome code, in ForgeLM mode: teardown,
+    # not a root cause; rank 0's code stands (docs/verdict.md).
+    collateral: tuple[int, ...] = ()
+    # Every rank that failed after rank 0's outcome exit, whatever the mode (the envelope marks
+    # them; outside ForgeLM mode they are still failures, rule 2).
+    after_rank0_exit: tuple[int, ...] = ()
+    exception: tuple[str, str] | None = None  # the deciding rank's crash: (type, message)
 
     @property
     def label(self) -> str:
@@ -132,6 +143,8 @@ def rank_code(outcome: RankEnding, contract: Contract) -> int:
     if outcome.signal is not None:
         return EXIT_TRAINING_ERROR if contract is Contract.FORGELM else 128 + outcome.signal
     code = outcome.exit_code if outcome.exit_code is not None else EXIT_TRAINING_ERROR
+    if contract is Contract.FORGELM and outcome.crash is not None:
+        return EXIT_TRAINING_ERROR  # exit 1 with a traceback crashed; ForgeLM's own 1 has none
     if contract is Contract.FORGELM and not 0 <= code <= 6:
         return EXIT_TRAINING_ERROR
     return code
@@ -148,6 +161,35 @@ def _make(
     return Verdict(code, name, meaning, action, rule, text, rank, disagreements)
 
 
+def _ended_with_outcome(rank0: RankEnding) -> bool:
+    """Rank 0 exited on its own with an outcome code (it decided how the run ended)."""
+    return (not rank0.signalled_first and not rank0.forwarded_death and rank0.signal is None
+            and rank0.exit_code in OUTCOME_CODES and rank0.ended_mono != float("inf"))
+
+
+def failed_after_rank0(rank0: RankEnding, failures: Sequence[RankEnding]) -> tuple[int, ...]:
+    """The failures that came after rank 0's outcome exit, as far as a clock can tell.
+
+    Only ranks on rank 0's own machine are compared: ``ended_mono`` is one machine's monotonic
+    clock, meaningless on another. A failure on another node is never counted as after rank 0's
+    exit (the conservative reading: a real failure is never hidden behind rank 0's outcome).
+    """
+    if not _ended_with_outcome(rank0):
+        return ()
+    return tuple(sorted(f.rank for f in failures if f.rank != rank0.rank
+                        and f.node_rank == rank0.node_rank and f.ended_mono > rank0.ended_mono))
+
+
+def _how(ending: RankEnding) -> str:
+    if ending.signal:
+        return f"signal {signal_name(ending.signal)}"
+    if ending.crash is not None:
+        kind, message = ending.crash
+        return f"exit {ending.exit_code}, crashed: {kind}: {message}" if message else (
+            f"exit {ending.exit_code}, crashed: {kind}")
+    return f"exit {ending.exit_code}"
+
+
 def prelaunch_failure() -> Verdict:
     """Rule 1: the supervisor's own input was bad; no rank was started."""
     return _make(EXIT_CONFIG_ERROR, 1, "pre-launch failure: no rank was started", None)
@@ -157,27 +199,41 @@ def decide(
     outcomes: Sequence[RankEnding],
     stop: StopFacts | None,
     contract: Contract = Contract.FORGELM,
+    *,
+    rank0_decides: bool = False,
 ) -> Verdict:
-    """Resolve the run's true exit code from every rank's outcome (SPEC §5, rules 2-4)."""
+    """Resolve the run's true exit code from every rank's outcome (SPEC §5, rules 2-4).
+
+    ``rank0_decides``: ForgeLM mode, where rank 0 alone decides the outcome: a failure after
+    rank 0's outcome exit is collateral (teardown), listed in the verdict, not a root cause.
+    """
     failures = sorted((o for o in outcomes if o.failed_on_own),
                       key=lambda o: (o.ended_mono, o.rank))
-    if stop is not None and stop.origin_rank is not None:
-        failures.sort(key=lambda o: o.rank != stop.origin_rank)  # stable: the origin first
     if stop is not None and stop.kind is StopKind.NODE_LOST and not failures:
         return _make(EXIT_TRAINING_ERROR, 2, f"root cause: node {stop.lost_node} was lost "
                      "(its supervisor went silent)", None)
     if not outcomes:
         return prelaunch_failure()
+    rank0 = min(outcomes, key=lambda o: o.rank)
+    after = failed_after_rank0(rank0, failures)
+    collateral = after if rank0_decides else ()
+    failures = [f for f in failures if f.rank not in collateral]
+    if stop is not None and stop.origin_rank is not None:
+        failures.sort(key=lambda o: o.rank != stop.origin_rank)  # stable: the origin first
     if failures:
         root = failures[0]
-        how = f"signal {signal_name(root.signal)}" if root.signal else f"exit {root.exit_code}"
-        return _make(
-            rank_code(root, contract),
-            2,
-            f"root cause: rank {root.rank} failed on its own ({how})",
-            root.rank,
-        )
-    rank0 = min(outcomes, key=lambda o: o.rank)
+        verdict = _make(rank_code(root, contract), 2,
+                        f"root cause: rank {root.rank} failed on its own ({_how(root)})",
+                        root.rank)
+        return replace(verdict, collateral=collateral, after_rank0_exit=after,
+                       exception=root.crash)
+    return replace(_outcome(rank0, outcomes, stop, contract, collateral),
+                   collateral=collateral, after_rank0_exit=after)
+
+
+def _outcome(rank0: RankEnding, outcomes: Sequence[RankEnding], stop: StopFacts | None,
+             contract: Contract, collateral: tuple[int, ...]) -> Verdict:
+    """No root cause: rule 4 if the run was interrupted, else rule 3 (rank 0's own code)."""
     interrupted = sorted(
         (o for o in outcomes if o.foreign_stop or o.forwarded_death),
         key=lambda o: (o.foreign_mono if o.foreign_stop else o.ended_mono, o.ended_mono, o.rank),
@@ -190,9 +246,18 @@ def decide(
     disagreements = tuple(
         (o.rank, rank_code(o, contract))
         for o in outcomes
-        if o.rank != rank0.rank and not o.signalled_first and rank_code(o, contract) != code
+        if o.rank != rank0.rank and not o.signalled_first and o.rank not in collateral
+        and rank_code(o, contract) != code
     )
-    return _make(code, 3, f"rank {rank0.rank}'s own exit code", rank0.rank, disagreements)
+    text = f"rank {rank0.rank}'s own exit code"
+    if collateral:
+        text += (f"; {_ranks_text(collateral)} failed after rank {rank0.rank} had exited "
+                 f"{rank0.exit_code}: collateral (teardown)")
+    return _make(code, 3, text, rank0.rank, disagreements)
+
+
+def _ranks_text(ranks: Sequence[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(str(r) for r in ranks)
 
 
 def _stopped(

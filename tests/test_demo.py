@@ -36,9 +36,11 @@ def test_demo_failure_names_root_cause_with_its_traceback(tmp_path: Path) -> Non
 def test_demo_crash_leaves_its_traceback_in_the_envelope(tmp_path: Path) -> None:
     run = run_cli(["demo", "--steps", "50", "--step-time", "0.05", "--fail-rank", "1",
                    "--fail-step", "3", "--fail-raise", "--grace", "5"], tmp_path, timeout=80)
-    assert run.proc.returncode == 1
+    assert run.proc.returncode == 2  # exit 1 with a traceback: a crash (issue 12)
     envelope = run.envelope()
     assert envelope["root_cause_rank"] == 1
+    assert envelope["exception"] == {"rank": 1, "type": "RuntimeError",
+                                     "message": "rank 1: simulated crash at step 3"}
     error = envelope["ranks"][1]["error"]
     assert error is not None
     assert "simulated crash at step 3" in error["message"]

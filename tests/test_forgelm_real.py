@@ -121,3 +121,19 @@ def test_two_node_forgelm_awaiting_approval(tmp_path: Path, tiny_model: Path) ->
     assert [r["node_rank"] for r in envelope["ranks"]] == [0, 1]
     last_exit = json.loads((job.output_dir / "last_exit.json").read_text())
     assert last_exit["exit_code"] == 4 and last_exit["nnodes"] == 2
+
+
+def test_forgelm_config_error_stays_1(tmp_path: Path) -> None:
+    """ForgeLM's own deliberate exit 1 (a config it rejects, no traceback) is not a crash."""
+    (tmp_path / "bad.yaml").write_text("training:\n  output_dir: out\n"
+                                       "  num_train_epochs: lots\n")
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "forgelm_tui", "--no-tui", "--nproc-per-node", "2",
+         "--run-dir", str(run_dir), "--output-format", "json", "--config", "bad.yaml"],
+        cwd=tmp_path, env=job_env(tmp_path), capture_output=True, text=True, timeout=220,
+    )
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    envelope = json.loads(proc.stdout)
+    assert envelope["exit_name"] == "EXIT_CONFIG_ERROR" and envelope["exception"] is None
+    assert "Configuration validation failed" in envelope["result"]["error"]

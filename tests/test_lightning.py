@@ -187,3 +187,13 @@ def test_callback_single_process_saves_into_the_model_checkpoint_dir(tmp_path: P
                                "checkpoint": str(checkpoint), "interrupted": False,
                                "sigterm_handler_restored": True}
     assert checkpoint.exists()
+
+
+def test_a_lightning_rank_that_raises_is_a_crash(tmp_path: Path, marks: Path) -> None:
+    """Lightning re-raises a training step's exception: exit 1 with a traceback, a crash: 2."""
+    run, _lines = _launch(tmp_path, marks, "--raise-rank", "1", "--raise-step", "3")
+    assert run.wait(DEADLINE) == 2
+    envelope = run.envelope()
+    assert envelope["root_cause_rank"] == 1 and envelope["ranks"][1]["exit_code"] == 1
+    assert envelope["exception"]["type"] == "RuntimeError"
+    assert "simulated crash in training_step" in envelope["exception"]["message"]

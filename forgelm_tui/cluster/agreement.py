@@ -34,12 +34,17 @@ def stop_facts(stop: dict[str, Any] | None,
 
 
 def decide_global(finals: dict[int, dict[str, Any]], stop: dict[str, Any] | None,
-                  contract: Contract, first_failure: dict[str, Any] | None = None) -> Verdict:
-    """The run's code from every node's rank endings and the agreed stop record."""
+                  contract: Contract, first_failure: dict[str, Any] | None = None, *,
+                  rank0_decides: bool = False) -> Verdict:
+    """The run's code from every node's rank endings and the agreed stop record.
+
+    Collateral (a failure after rank 0's outcome exit, ForgeLM mode) is judged only for ranks
+    on rank 0's node: each ending's ``ended_mono`` is its own machine's clock (verdict.py)."""
     if any(f.get("launch_error") for f in finals.values()):
         return prelaunch_failure()
     endings = [ending_from_wire(e) for f in finals.values() for e in f["endings"]]
-    return decide(endings, stop_facts(stop, first_failure), contract)
+    return decide(endings, stop_facts(stop, first_failure), contract,
+                  rank0_decides=rank0_decides)
 
 
 def verdict_to_wire(verdict: Verdict) -> dict[str, Any]:
@@ -49,6 +54,10 @@ def verdict_to_wire(verdict: Verdict) -> dict[str, Any]:
 def verdict_from_wire(data: dict[str, Any]) -> Verdict:
     values = dict(data)
     values["disagreements"] = tuple(tuple(d) for d in values.get("disagreements", ()))
+    for name in ("collateral", "after_rank0_exit"):
+        values[name] = tuple(values.get(name) or ())
+    if values.get("exception") is not None:
+        values["exception"] = tuple(values["exception"])
     return Verdict(**values)
 
 
@@ -75,6 +84,9 @@ def merge(base: dict[str, Any], finals: dict[int, dict[str, Any]], verdict: Verd
     causes = [f["envelope"].get("root_cause_gpu") for _, f in sorted(finals.items())]
     envelope["root_cause_gpu"] = next(  # the root cause's node had it as its own root cause
         (c for c in causes if c and c["rank"] == envelope["root_cause_rank"]), None)
+    for rank in envelope["ranks"]:  # each node marked its own ranks by its own verdict
+        rank["collateral"] = rank["rank"] in verdict.collateral
+        rank["failed_after_rank0_exit"] = rank["rank"] in verdict.after_rank0_exit
     envelope["nodes"] = [_node_dict(n, finals.get(n), n in lost) for n in range(nnodes)]
     envelope["agreement"] = {"agreed": True, "decided_by_node": 0, "nodes_lost": lost}
     outside = [f["envelope"].get("outside_signal") for _, f in sorted(finals.items())]

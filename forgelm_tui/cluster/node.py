@@ -163,7 +163,8 @@ class NodeRun:
         stop = await loop.run_in_executor(None, _first, store, "stop")
         first_failure = await loop.run_in_executor(None, _first, store, "first-failure")
         verdict = agreement.decide_global(finals, stop, self.session.plan.contract,
-                                          first_failure)
+                                          first_failure,
+                                          rank0_decides=self.session.plan.forgelm_mode)
         base = self.own_final["envelope"]
         envelope = agreement.merge(base, finals, verdict, stop, lost,
                                    self.membership_nnodes(), env_mod.verdict_dict(verdict))

@@ -37,4 +37,6 @@ def ending_from_wire(data: dict[str, Any]) -> RankEnding:
     for name in ("ended_mono", "foreign_mono"):
         if values[name] is None:
             values[name] = float("inf")
+    if values.get("crash") is not None:
+        values["crash"] = tuple(values["crash"])  # JSON made it a list
     return RankEnding(**values)

@@ -23,8 +23,8 @@ def add_demo_options(parser: argparse.ArgumentParser) -> None:
         group.add_argument(f"--{name.replace('_', '-')}", dest=f"demo_{name}", type=int,
                            default=default, metavar="N", help=text)
     group.add_argument("--fail-raise", dest="demo_fail_raise", action="store_true",
-                       help="--fail-rank raises an exception instead (exit 1, traceback in "
-                            "the envelope through the rank's error file)")
+                       help="--fail-rank raises an exception instead (exit 1 with a traceback: "
+                            "a crash, 2; the exception is named in the envelope)")
     group.add_argument("--step-time", dest="demo_step_time", type=float, default=0.2,
                        metavar="S", help="extra seconds per step, so there is time to watch")
     group.add_argument("--cleanup-seconds", dest="demo_cleanup_seconds", type=float,

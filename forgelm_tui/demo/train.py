@@ -65,7 +65,14 @@ def clean_up(rank: int, seconds: float) -> None:
 def leave_together(code: int) -> None:
     """Every rank meets here, then the process ends. No destroy_process_group: a rank tearing
     the gloo group down while its peer's process is ending aborts ("Connection closed by peer",
-    SIGABRT): a failure nobody made, which the verdict would take for a root cause."""
+    or "terminate called without an active exception", SIGABRT): a failure nobody made, which
+    the verdict would take for a root cause (issue 12).
+
+    After the barrier no rank has a collective left, and ``os._exit`` runs no C++ destructor
+    (the process group's, the store client's), so a peer's sockets closing has nothing left to
+    abort. Rank 0 does not wait for its peers to be gone first: it hosts the TCPStore, but no
+    one needs it past the barrier, and waiting would only move the same window onto rank 0,
+    whose code is the run's. bench/demo_race.py checks it under load (bench/RESULTS.md)."""
     dist.barrier()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -118,6 +118,7 @@ class RankRecord:
     gpu_uuids: list[str] = field(default_factory=list)  # every device it held, in order seen
     peak_gpu_memory_bytes: int | None = None  # the most its processes held on GPUs at once
     log_losses: list[LogLoss] = field(default_factory=list)  # what its logs did not keep
+    crash: tuple[str, str] | None = None  # exit 1 of an uncaught exception: (type, message)
 
     @property
     def alive(self) -> bool:
@@ -194,6 +195,8 @@ class RankRecord:
             foreign_stop=self.foreign_stop,
             foreign_mono=self.reported_mono if self.reported_mono is not None else float("inf"),
             forwarded_death=self.forwarded_death,
+            crash=self.crash,
+            node_rank=self.node_rank,
         )
 
     def snapshot(self) -> RankSnapshot:

@@ -1,7 +1,7 @@
 """Rank program: a tiny Lightning DDP job (CPU, gloo) under forgelm-tui's torchrun environment.
 
 argv: DIR [--steps N] [--step-time S] [--callback] [--ckpt] [--term-rank R --term-step K]
-          [--pause-step P] [--single] [--model-checkpoint]
+          [--pause-step P] [--single] [--model-checkpoint] [--raise-rank R --raise-step K]
 
 Writes DIR/ready-RANK (its pid) once training has run two steps, and DIR/done-RANK (JSON: the
 global step it ended at, whether our callback stopped it, the checkpoint) when ``fit`` returns.
@@ -12,6 +12,7 @@ rank R sends itself SIGTERM at the end of step K (no other rank is signalled).
 DIR/go exists, writing DIR/got-term-RANK once it has taken a SIGTERM: a test can then signal
 the ranks one by one, in a known order, at a known step. ``--single``: one process, no DDP.
 ``--model-checkpoint``: a ModelCheckpoint(dirpath=DIR/ckpts) and no ``checkpoint_path``.
+``--raise-rank R --raise-step K``: rank R raises RuntimeError in its training step K (uncaught).
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ parser.add_argument("--ckpt", action="store_true")
 parser.add_argument("--pause-step", type=int, default=None)
 parser.add_argument("--single", action="store_true")
 parser.add_argument("--model-checkpoint", action="store_true")
+parser.add_argument("--raise-rank", type=int, default=None)
+parser.add_argument("--raise-step", type=int, default=3)
 opts = parser.parse_args()
 rank = int(os.environ.get("RANK", "0"))
 
@@ -63,6 +66,8 @@ class Tiny(pl.LightningModule):
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         x, y = batch
+        if rank == opts.raise_rank and self.global_step == opts.raise_step:
+            raise RuntimeError(f"rank {rank}: simulated crash in training_step")
         loss = nn.functional.mse_loss(self.net(x), y)
         self.log("train_loss", loss)
         time.sleep(opts.step_time)  # paces the run so a signal lands mid-training

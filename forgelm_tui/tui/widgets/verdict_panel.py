@@ -65,6 +65,9 @@ def _tail(rank: dict[str, Any]) -> list[str]:
 def exception_line(rank: dict[str, Any]) -> str:
     """The line that says what went wrong: the last exception line of the traceback (or of
     the error file's message, or of the stderr tail), else the last line there is."""
+    crash = rank.get("exception")
+    if crash:  # the uncaught exception it died of (engine/crash.py)
+        return sanitize_line(f"{crash['type']}: {crash['message']}".rstrip(": "))
     error = rank.get("error") or {}
     sources = [_lines(error.get("traceback")), _lines(error.get("message")),
                _lines(rank.get("stderr_tail"))]
@@ -96,6 +99,7 @@ def verdict_summary(envelope: dict[str, Any], envelope_path: str | None) -> Grou
         line = exception_line(rank)
         where = line or f"no traceback: see {sanitize_line(str(rank.get('stderr_log')))}"
         parts.append(_line(f"root cause: rank {root}: ", where, "bold red"))
+    parts.extend(_line("warning: ", text, "bold yellow") for text in after_rank0(envelope))
     stuck = [r for r in envelope["ranks"] if r.get("stuck_at")]
     if stuck and (envelope.get("stop") or {}).get("kind") == "stall":
         parts.append(_line("stuck at: ", " · ".join(
@@ -105,6 +109,18 @@ def verdict_summary(envelope: dict[str, Any], envelope_path: str | None) -> Grou
     # The path wraps rather than losing its end: it is what the operator copies.
     parts.append(Text.assemble(("envelope: ", "bold"), envelope_path or "(not written)"))
     return Group(*parts)
+
+
+def after_rank0(envelope: dict[str, Any]) -> list[str]:
+    """Ranks that failed after rank 0's outcome exit: collateral in ForgeLM mode (never a root
+    cause), still failures otherwise (docs/verdict.md)."""
+    collateral = [int(r) for r in envelope.get("collateral_ranks") or []]
+    texts = [f"rank {rank} failed after rank 0 had exited: collateral (teardown), "
+             "not a root cause" for rank in collateral]
+    texts += [f"rank {r['rank']} failed after rank 0 had exited (not ForgeLM: a failure)"
+              for r in envelope["ranks"]
+              if r.get("failed_after_rank0_exit") and r["rank"] not in collateral]
+    return texts
 
 
 def verdict_details(envelope: dict[str, Any]) -> list[Text]:
