@@ -14,168 +14,25 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from forgelm_tui import envelope as env_mod
-from forgelm_tui.attempts import AttemptChain, attempt_entry, attempt_facts, make_attempt_dir
+from forgelm_tui.attempts import AttemptChain, make_attempt_dir
 from forgelm_tui.control.server import serving
 from forgelm_tui.ending import RunEnding
 from forgelm_tui.engine import events as ev
-from forgelm_tui.engine.crash import note_crashes
-from forgelm_tui.engine.faults import fault_verdict
 from forgelm_tui.engine.guardian import Guardian
 from forgelm_tui.engine.own_signals import OwnSignals
 from forgelm_tui.engine.records import CancelRequest, CancelSource
-from forgelm_tui.engine.restart_policy import RestartDecision, backoff, decide_restart
 from forgelm_tui.engine.supervisor import Supervisor
-from forgelm_tui.forgelm_mode import extract_result
 from forgelm_tui.headless import HeadlessView, OutputSink, ending_notes
 from forgelm_tui.internal_error import report_internal_error
 from forgelm_tui.plan import Plan, RunInfo
 from forgelm_tui.redact import redact_argv, redact_text
+from forgelm_tui.report import RunReport
 from forgelm_tui.signames import signal_name
 from forgelm_tui.storage import not_kept_line
-from forgelm_tui.verdict import RankEnding, StopFacts, Verdict, decide, prelaunch_failure
+from forgelm_tui.verdict import prelaunch_failure
 
 if TYPE_CHECKING:
     from forgelm_tui.cluster.node import NodeRun
-
-
-class RunReport:
-    """Builds and writes the envelope; provisional at the start of a stop, final at the end."""
-
-    def __init__(self, plan: Plan, supervisor: Supervisor) -> None:
-        self.plan = plan
-        self.supervisor = supervisor  # the attempt under way (one unless --max-restarts)
-        self.ending: RunEnding | None = None
-        self.attempts: list[dict[str, Any]] = []  # the envelope's entries of ended attempts
-        self.started_at: float | None = None  # the first attempt's start: the run's
-        self.backoff_cancel: CancelRequest | None = None  # a cancel between two attempts
-
-    def on_event(self, event: ev.Event) -> None:
-        if isinstance(event, ev.RunStopping):
-            self._write(self._build(provisional=True))
-
-    def verdict(self) -> Verdict:
-        sup = self.supervisor
-        if sup.launch_error is not None:
-            return prelaunch_failure()
-        error = sup.faults.error
-        if error is not None and error.ranks_running:
-            return fault_verdict(error)  # forgelm-tui itself failed while ranks ran: 2
-        stop = sup.stop
-        facts = (StopFacts(stop.kind, stop.signal, stop.origin_rank, stop.lost_node)
-                 if stop else None)
-        note_crashes(sup.records.values())  # exit 1: a traceback (a crash) or a deliberate 1
-        endings = [r.ending() for r in sup.records.values() if r.pid is not None]
-        if not endings and stop is not None:  # cancelled before any rank started
-            endings = [RankEnding(0, None, stop.signal, 0.0, signalled_first=True)]
-        return decide(endings, facts, self.plan.contract, rank0_decides=self.plan.forgelm_mode)
-
-    def _results(self) -> dict[int, dict[str, Any]]:
-        if not self.plan.forgelm_mode:
-            return {}
-        results = {}
-        for record in self.supervisor.records.values():
-            if record.pid is None:
-                continue
-            found = extract_result(record.stdout_log)
-            if found is not None:
-                results[record.rank] = found
-        return results
-
-    def _build(self, *, provisional: bool) -> dict[str, Any]:
-        """The envelope: the attempt under way (the last one), with every attempt's entry."""
-        envelope = self._attempt_envelope(provisional=provisional)
-        index = self.supervisor.spec.restart_count
-        current = [] if len(self.attempts) > index else [attempt_entry(index, envelope, None,
-                                                                       None)]
-        if self.backoff_cancel is not None and envelope["cancelled"] is None:
-            envelope["cancelled"] = backoff_cancelled(self.backoff_cancel)
-        envelope["started_at"] = env_mod.iso(self.started_at or self.supervisor.started_at)
-        envelope["duration_s"] = _duration(self.started_at or self.supervisor.started_at,
-                                           self.plan.info.ended_at)
-        envelope["run_dir"] = self.plan.info.run_dir  # the run's; each attempt's in attempts
-        envelope["max_restarts"] = self.plan.spec.max_restarts
-        envelope["restart_count"] = index
-        envelope["attempts"] = [*self.attempts, *current]
-        return envelope
-
-    def _attempt_envelope(self, *, provisional: bool) -> dict[str, Any]:
-        sup = self.supervisor
-        info = self.plan.info
-        info.started_at = sup.started_at
-        info.ended_at = None if provisional else sup.ended_at
-        info.error = sup.launch_error or info.error
-        verdict = self.verdict()
-        if provisional and sup.launch_error is None:
-            verdict = _provisional_verdict(verdict)
-        envelope = env_mod.build(
-            info,
-            verdict,
-            sup.records.values(),
-            stop=sup.stop,
-            cancels=sup.cancels,
-            forwards=sup.forwards,
-            descendants=sup.descendants.entries(),
-            results={} if provisional else self._results(),
-            provisional=provisional,
-        )
-        error = sup.faults.error
-        envelope["supervisor_error"] = error.to_dict(env_mod.iso(error.at)) if error else None
-        envelope["run_dir"] = str(sup.spec.run_dir)  # an attempt's own files (attempt-K/)
-        return envelope
-
-    def close_attempt(self) -> tuple[RestartDecision, float]:
-        """The attempt under way ended: its entry in ``attempts``, and whether it restarts
-        (engine/restart_policy.py) after how long."""
-        sup = self.supervisor
-        index = sup.spec.restart_count
-        self.started_at = self.started_at or sup.started_at
-        facts = attempt_facts(sup, self.verdict())
-        decision = decide_restart(facts, index, self.plan.spec.max_restarts)
-        delay = backoff(self.plan.info.restart_backoff, index + 1) if decision.restart else 0.0
-        entry = attempt_entry(index, self._attempt_envelope(provisional=False), decision,
-                              delay if decision.restart else None)
-        self.attempts.append(entry)
-        if decision.restart:  # on disk while it waits: a scheduler's SIGKILL finds it
-            self._write(self._build(provisional=True))
-        return decision, delay
-
-    def no_restart(self, why: str, cancel: CancelRequest | None = None) -> None:
-        """The restart the last attempt's entry announced did not happen (a cancel during the
-        backoff, an attempt dir that could not be made): the run ends with its verdict."""
-        self.attempts[-1]["restart"].update(restarted=False, why=why)
-        self.backoff_cancel = cancel
-
-    def _write(self, envelope: dict[str, Any]) -> list[str]:
-        return env_mod.write_all(self.plan.envelope_paths, envelope)
-
-    def final(self) -> RunEnding:
-        faults = self.supervisor.faults
-        errors_before = faults.count
-        envelope = self._build(provisional=False)
-        written, errors = env_mod.write_each(self.plan.envelope_paths, envelope)
-        path = written[0] if written else None
-        self.ending = RunEnding(self.verdict(), envelope, path, tuple(errors), tuple(written))
-        self.supervisor.emit(ev.VerdictReached(self.ending.verdict, path))
-        if faults.count != errors_before:  # a view failed on the verdict: the envelope says so
-            envelope = self._build(provisional=False)
-            self.ending = replace(self.ending, envelope=envelope,
-                                  write_errors=tuple(self._write(envelope)))
-        return self.ending
-
-
-def _duration(start: float | None, end: float | None) -> float | None:
-    return None if start is None or end is None else round(end - start, 3)
-
-
-def backoff_cancelled(cancel: CancelRequest) -> dict[str, Any]:
-    """The envelope's ``cancelled`` for a cancel between two attempts (no rank was running)."""
-    return {"by": cancel.origin, "signal": signal_name(cancel.signal), "at": env_mod.iso(cancel.at),
-            "requests": 1, "source": cancel.source.value}
-
-
-def _provisional_verdict(verdict: Verdict) -> Verdict:
-    """While ranks are still stopping, the envelope says so; codes may still change."""
-    return replace(verdict, rule_text=f"provisional (run still stopping): {verdict.rule_text}")
 
 
 class Session:
