@@ -40,6 +40,7 @@ EXIT_CODES: dict[int, tuple[str, str, str]] = {
 OUTCOME_CODES = frozenset({0, 3, 4, 5, 6})
 
 EXIT_CONFIG_ERROR = 1
+MAX_SIGNAL = int(getattr(signal, "SIGRTMAX", 64))  # the highest signal number
 EXIT_TRAINING_ERROR = 2
 
 
@@ -128,7 +129,7 @@ def describe(code: int) -> tuple[str, str, str]:
     """Name, meaning and CI action for any code the process may exit with."""
     if code in EXIT_CODES:
         return EXIT_CODES[code]
-    if code > 128:
+    if 128 < code <= 128 + MAX_SIGNAL:  # a shell's 128+N; 255 and the like are plain statuses
         sig_name = signal_name(code - 128)
         return (
             f"SIGNAL_{sig_name}",

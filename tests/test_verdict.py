@@ -105,4 +105,8 @@ def test_names_and_labels() -> None:
     assert describe(2)[2] == "investigate logs"
     assert describe(77)[0] == "EXIT_OTHER"
     assert describe(128 + 40)[0] == "SIGNAL_SIGRTMIN+6"
+    assert describe(128 + 64)[0] == "SIGNAL_SIGRTMAX"
+    # exit(255) is a status, not a signal 127 (the soak's finding): named as a plain code
+    assert describe(255) == ("EXIT_OTHER", "exit status 255", "investigate logs")
+    assert describe(193)[0] == "EXIT_OTHER"
     assert "SIGRTMIN+6" in decide([rk(0, 0, t=2), rk(1, sig=40, t=1)], FAIL).rule_text
