@@ -81,6 +81,7 @@ NAMES = [
 ]
 
 
+@pytest.mark.fault("F38")
 @pytest.mark.parametrize("name", NAMES)
 def test_bad_input(tmp_path: Path, busy_port: int, name: str) -> None:
     args, expected = _cases(tmp_path, busy_port)[name]
@@ -107,6 +108,7 @@ def test_bad_input(tmp_path: Path, busy_port: int, name: str) -> None:
     assert not list(run_dir.glob("rank-*")), "no rank may start"
 
 
+@pytest.mark.fault("F38")
 def test_bad_input_json_output_is_only_the_envelope(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "forgelm_tui", "--no-tui", "--output-format", "json",
@@ -132,6 +134,7 @@ def test_help_exits_zero_without_heavy_imports(tmp_path: Path) -> None:
     assert "--nproc-per-node" in proc.stdout
 
 
+@pytest.mark.fault("F39")
 def test_a_rank_whose_log_cannot_be_opened_is_not_started(tmp_path: Path) -> None:
     """Logs first, then the rank: a rank never runs without its log files (no leaked pipe)."""
     run_dir = tmp_path / "run"

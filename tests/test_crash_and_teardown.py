@@ -25,6 +25,7 @@ torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB
 """
 
 
+@pytest.mark.fault("F01")
 def test_the_traceback_at_the_end_of_stderr_names_the_exception() -> None:
     assert from_stderr("hello\n" + TRACEBACK) == (
         "torch.OutOfMemoryError", "CUDA out of memory. Tried to allocate 2.00 GiB")
@@ -39,6 +40,7 @@ def test_the_traceback_at_the_end_of_stderr_names_the_exception() -> None:
     assert from_stderr(TRACEBACK + warnings) is not None  # exit-time warnings after it
 
 
+@pytest.mark.fault("F02")
 def test_no_traceback_or_an_old_one_is_no_crash() -> None:
     assert from_stderr("error: config.yaml: missing key 'model'\n") is None
     assert from_stderr("") is None
@@ -48,6 +50,7 @@ def test_no_traceback_or_an_old_one_is_no_crash() -> None:
     assert from_stderr(hostile) == ("ValueError", "no")
 
 
+@pytest.mark.fault("F01")
 def test_the_error_file_names_the_exception(tmp_path: Path) -> None:
     path = tmp_path / "error.json"
     path.write_text(json.dumps({"message": {"message": "RuntimeError: boom\nmore",
@@ -58,6 +61,7 @@ def test_the_error_file_names_the_exception(tmp_path: Path) -> None:
     assert from_error_file(str(tmp_path / "missing.json")) is None
 
 
+@pytest.mark.fault("F01")
 def test_a_plain_script_raising_is_a_crash_named_in_the_verdict(tmp_path: Path) -> None:
     run = run_cli(["--nproc-per-node", "2", "--grace", "5", rank_script("raise_on.py"), "1",
                    "raise"], tmp_path)
@@ -73,6 +77,7 @@ def test_a_plain_script_raising_is_a_crash_named_in_the_verdict(tmp_path: Path) 
     assert "[forgelm-tui] exit 2 EXIT_TRAINING_ERROR (root cause: rank 1" in out
 
 
+@pytest.mark.fault("F01")
 def test_raw_contract_keeps_the_crash_1_and_names_it(tmp_path: Path) -> None:
     run = run_cli(["--nproc-per-node", "2", "--grace", "5", "--exit-contract", "raw",
                    rank_script("raise_on.py"), "0", "raise"], tmp_path)
@@ -80,6 +85,7 @@ def test_raw_contract_keeps_the_crash_1_and_names_it(tmp_path: Path) -> None:
     assert run.envelope()["exception"]["type"] == "RuntimeError"
 
 
+@pytest.mark.fault("F02")
 @pytest.mark.parametrize("mode", ["exit", "logged"])
 def test_a_deliberate_exit_1_stays_1(tmp_path: Path, mode: str) -> None:
     run = run_cli(["--nproc-per-node", "2", "--grace", "5", rank_script("raise_on.py"), "1",
@@ -104,6 +110,7 @@ def _fake_forgelm(tmp_path: Path) -> dict[str, str]:
                                            os.environ.get("PYTHONPATH", "")])}
 
 
+@pytest.mark.fault("F18")
 def test_forgelm_mode_teardown_failure_is_collateral(tmp_path: Path) -> None:
     (tmp_path / "marks").mkdir()
     env = _fake_forgelm(tmp_path)
@@ -122,6 +129,7 @@ def test_forgelm_mode_teardown_failure_is_collateral(tmp_path: Path) -> None:
     assert last_exit["collateral_ranks"] == [1]
 
 
+@pytest.mark.fault("F19")
 def test_other_programs_keep_rule_2_for_a_failure_after_rank0(tmp_path: Path) -> None:
     (tmp_path / "marks").mkdir()
     run = run_cli(["--nproc-per-node", "2", rank_script("after_rank0.py"), "4",
@@ -135,6 +143,7 @@ def test_other_programs_keep_rule_2_for_a_failure_after_rank0(tmp_path: Path) ->
     assert "note: rank 1 failed after rank 0 had exited" in out
 
 
+@pytest.mark.fault("F18")
 def test_the_verdict_panel_warns_of_collateral_and_names_the_exception() -> None:
     from rich.console import Console
 

@@ -100,6 +100,7 @@ def only_descendant(run_envelope: dict, pid: int) -> dict:
     return entries[0]
 
 
+@pytest.mark.fault("F11")
 @pytest.mark.parametrize("mode", ["session", "double", "setsid"])
 def test_a_failing_rank_s_daemon_is_stopped_with_the_run(
         mode: str, tmp_path: Path, marks: Path, daemons: Daemons) -> None:
@@ -119,6 +120,7 @@ def test_a_failing_rank_s_daemon_is_stopped_with_the_run(
     assert "stopped with SIGTERM" in out
 
 
+@pytest.mark.fault("F12")
 def test_a_daemon_that_ignores_sigterm_gets_sigkill(
         tmp_path: Path, marks: Path, daemons: Daemons) -> None:
     run = start(["--nproc-per-node", "2", DAEMON, str(marks), "session", "7", "--ignore-term"],
@@ -132,6 +134,7 @@ def test_a_daemon_that_ignores_sigterm_gets_sigkill(
     assert "killed with SIGKILL" in out
 
 
+@pytest.mark.fault("F11")
 def test_a_clean_success_stops_the_daemon_left_running(
         tmp_path: Path, marks: Path, daemons: Daemons) -> None:
     run = start(["--nproc-per-node", "2", DAEMON, str(marks), "session", "0"], tmp_path)
@@ -142,6 +145,7 @@ def test_a_clean_success_stops_the_daemon_left_running(
     assert only_descendant(envelope, daemons.pid)["ended"] == "sigterm"
 
 
+@pytest.mark.fault("F13")
 def test_a_daemon_with_an_empty_environment_is_adopted_and_stopped(
         tmp_path: Path, marks: Path, daemons: Daemons) -> None:
     """No token to find it by: the supervisor is a child subreaper, the orphan is its child."""
@@ -155,6 +159,7 @@ def test_a_daemon_with_an_empty_environment_is_adopted_and_stopped(
     assert entry["ended"] == "sigterm"
 
 
+@pytest.mark.fault("F11")
 def test_a_cancel_stops_the_daemon_with_the_ranks(
         tmp_path: Path, marks: Path, daemons: Daemons) -> None:
     run = start(["--nproc-per-node", "2", DAEMON, str(marks), "setsid", "0", "--stay"],
@@ -170,6 +175,7 @@ def test_a_cancel_stops_the_daemon_with_the_ranks(
     assert len(entry["signals"]) == 1  # the stop's SIGTERM, in the pass over the rank groups
 
 
+@pytest.mark.fault("F27")
 @pytest.mark.parametrize("flags", [[], ["--ignore-term"]], ids=["plain", "ignores-sigterm"])
 def test_the_guardian_stops_the_daemons_of_a_sigkilled_supervisor(
         flags: list[str], tmp_path: Path, marks: Path, daemons: Daemons) -> None:
@@ -223,6 +229,7 @@ def test_the_scan_leaves_ranks_and_their_groups_and_records_who_exited() -> None
             proc.wait()
 
 
+@pytest.mark.fault("F11")
 def test_the_end_stops_what_is_left_then_says_so(tmp_path: Path) -> None:
     """In-process, on a loop: SIGTERM, and SIGKILL for one that ignores it, within the bound."""
     descendants = Descendants({})

@@ -10,6 +10,7 @@ from conftest import rank_script, run_cli
 pytestmark = pytest.mark.timeout(60)
 
 
+@pytest.mark.fault("F03")
 @pytest.mark.parametrize("code", range(7))
 def test_both_ranks_exit_with_code(tmp_path: Path, code: int) -> None:
     run = run_cli(["--nproc-per-node", "2", rank_script("exit_with.py"), str(code)], tmp_path)
@@ -25,6 +26,7 @@ def test_both_ranks_exit_with_code(tmp_path: Path, code: int) -> None:
         assert envelope["decided_by"]["rule"] == 2
 
 
+@pytest.mark.fault("F03")
 def test_outcome_on_rank1_does_not_stop_rank0(tmp_path: Path) -> None:
     # rank 1 exits 4 at once; rank 0 keeps working for a while, then exits 3.
     run = run_cli(
@@ -42,6 +44,7 @@ def test_outcome_on_rank1_does_not_stop_rank0(tmp_path: Path) -> None:
     assert envelope["disagreements"] == [{"rank": 1, "exit_code": 4}]
 
 
+@pytest.mark.fault("F04")
 def test_drain_window_stops_late_ranks_and_keeps_rank0_code(tmp_path: Path) -> None:
     run = run_cli(
         ["--nproc-per-node", "2", "--drain", "1", "--grace", "5",
@@ -57,6 +60,7 @@ def test_drain_window_stops_late_ranks_and_keeps_rank0_code(tmp_path: Path) -> N
     assert "drain" in rank1["signalled_reason"]
 
 
+@pytest.mark.fault("F05")
 def test_raw_contract_keeps_codes_outside_forgelm_table(tmp_path: Path) -> None:
     run = run_cli(["--nproc-per-node", "2", "--exit-contract", "raw",
                    rank_script("exit_with.py"), "17"], tmp_path)
@@ -67,6 +71,7 @@ def test_raw_contract_keeps_codes_outside_forgelm_table(tmp_path: Path) -> None:
     assert envelope["ranks"][envelope["root_cause_rank"]]["exit_code"] == 17
 
 
+@pytest.mark.fault("F07")
 @pytest.mark.timeout(90)
 def test_failed_rank_stops_peer_waiting_in_gloo_barrier(tmp_path: Path) -> None:
     run = run_cli(

@@ -103,6 +103,7 @@ def test_nproc_gpu_counts_the_fake_devices(tmp_path: Path) -> None:
     assert run.envelope()["nproc_per_node"] == 2
 
 
+@pytest.mark.fault("F41")
 def test_nproc_gpu_without_a_gpu_is_a_config_error(tmp_path: Path) -> None:
     run = run_cli(["--nproc-per-node", "gpu", rank_script("exit_with.py"), "0"], tmp_path)
     _, err = run.output()

@@ -93,6 +93,7 @@ def _within(peak: int, baseline: int, printed: int) -> None:
     assert grew <= budget
 
 
+@pytest.mark.fault("F14")
 @pytest.mark.timeout(90)
 def test_a_line_without_end_is_bounded(tmp_path: Path) -> None:
     """2 ranks each write LONG_LINE_MIB MiB without a newline: shown once by its head, kept
@@ -119,6 +120,7 @@ def _wide_line(rank: int, i: int) -> bytes:
     return head + b"x" * (WIDE_BYTES - len(head) - 1) + b"\n"
 
 
+@pytest.mark.fault("F14")
 @pytest.mark.timeout(90)
 def test_thousands_of_wide_lines_are_bounded(tmp_path: Path) -> None:
     """2 ranks each write 6000 lines of 60 KB: every byte in the logs, memory flat."""

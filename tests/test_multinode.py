@@ -139,6 +139,7 @@ def test_sigterm_ignoring_rank_killed_at_the_shared_deadline(tmp_path: Path,
     no_orphans([p for n in nodes for p in n.rank_pids()])
 
 
+@pytest.mark.fault("F34")
 def test_sigkill_to_node_1_supervisor_is_node_lost(tmp_path: Path, marks: Path) -> None:
     nodes = start_nodes(3, [SLEEPER, str(marks)], tmp_path, common=["--node-timeout", "2"])
     pids = ready_pids(marks, 3)
@@ -154,6 +155,7 @@ def test_sigkill_to_node_1_supervisor_is_node_lost(tmp_path: Path, marks: Path) 
     no_orphans(pids)  # node 1's rank too: its guardian stops it when the supervisor dies
 
 
+@pytest.mark.fault("F34")
 def test_sigkill_to_node_0_supervisor(tmp_path: Path, marks: Path) -> None:
     nodes = start_nodes(3, [SLEEPER, str(marks)], tmp_path, common=["--node-timeout", "2"])
     pids = ready_pids(marks, 3)

@@ -24,6 +24,7 @@ def _check_logs(run_dir: Path, ranks: int, lines: int) -> None:
         assert log[-2].startswith(b"r%03d line %09d" % (rank, lines - 1))
 
 
+@pytest.mark.fault("F17")
 def test_flood_of_8_ranks_loses_no_line(tmp_path: Path) -> None:
     run = start(["--nproc-per-node", "8", rank_script("flood.py"), str(LINES)], tmp_path)
     out, _ = run.proc.communicate(timeout=110)
@@ -36,6 +37,7 @@ def test_flood_of_8_ranks_loses_no_line(tmp_path: Path) -> None:
     assert len(shown) + dropped == 8 * LINES
 
 
+@pytest.mark.fault("F17")
 def test_unread_stdout_never_blocks_the_ranks(tmp_path: Path) -> None:
     # Nobody reads the supervisor's stdout: the ranks still run to the end at their own pace.
     run = start(["--nproc-per-node", "2", rank_script("flood.py"), str(LINES), "3"], tmp_path)
@@ -54,6 +56,7 @@ def test_unread_stdout_never_blocks_the_ranks(tmp_path: Path) -> None:
     assert out.rstrip().splitlines()[-1].startswith("[forgelm-tui] exit 3 EXIT_EVAL_FAILURE")
 
 
+@pytest.mark.fault("F28")
 def test_closed_stdout_never_changes_the_code(tmp_path: Path) -> None:
     run = start(["--nproc-per-node", "2", rank_script("flood.py"), "20000", "3"], tmp_path)
     assert run.proc.stdout is not None
@@ -77,6 +80,7 @@ def test_json_output_is_only_the_envelope(tmp_path: Path) -> None:
     assert "[rank 0] rank 0 of 2 says hello" in err
 
 
+@pytest.mark.fault("F15")
 def test_hostile_output_is_plain_text(tmp_path: Path) -> None:
     run = run_cli([rank_script("hostile_output.py")], tmp_path)
     out, _ = run.output()
@@ -89,6 +93,7 @@ def test_hostile_output_is_plain_text(tmp_path: Path) -> None:
     assert b"\x1b[31m" in raw, "the log file keeps the bytes as the rank wrote them"
 
 
+@pytest.mark.fault("F28")
 def test_shell_pipe_to_head(tmp_path: Path) -> None:
     script = rank_script("exit_with.py")
     proc = subprocess.run(

@@ -49,6 +49,7 @@ def _shown(chunk_list: list[bytes]) -> list[str]:
     return shown
 
 
+@pytest.mark.fault("F15")
 @PROPERTY
 @given(chunks)
 def test_nothing_raw_reaches_a_shown_line(chunk_list: list[bytes]) -> None:
@@ -118,6 +119,7 @@ def _drain(chunk_list: list[bytes], run_dir: Path) -> tuple[bytes, list[Any]]:
     return Path(record.stdout_log).read_bytes(), events
 
 
+@pytest.mark.fault("F15")
 @settings(derandomize=True, max_examples=40, deadline=None)
 @given(st.lists(st.one_of(hostile, st.binary(max_size=20000)), max_size=10))
 def test_the_log_file_gets_every_byte(chunk_list: list[bytes]) -> None:

@@ -24,6 +24,7 @@ def _attempts(envelope: dict[str, Any]) -> list[tuple[int, int]]:
     return [(a["attempt"], a["exit_code"]) for a in envelope["attempts"]]
 
 
+@pytest.mark.fault("F21")
 def test_a_crash_once_is_restarted_and_the_run_succeeds(tmp_path: Path, marks: Path) -> None:
     run = run_cli(["--max-restarts", "2", "--nproc-per-node", "2", CRASH, str(marks), "1",
                    "signal:11"], tmp_path)
@@ -54,6 +55,7 @@ def test_a_crash_once_is_restarted_and_the_run_succeeds(tmp_path: Path, marks: P
         in out
 
 
+@pytest.mark.fault("F21")
 @pytest.mark.parametrize("code", [1, 3, 4, 5, 6])
 def test_an_outcome_or_config_error_is_never_restarted(tmp_path: Path, marks: Path,
                                                        code: int) -> None:
@@ -67,6 +69,7 @@ def test_an_outcome_or_config_error_is_never_restarted(tmp_path: Path, marks: Pa
     assert (marks / "crashes").read_text() == "1"
 
 
+@pytest.mark.fault("F21")
 def test_a_rank_that_crashes_every_time_uses_every_restart(tmp_path: Path, marks: Path) -> None:
     run = run_cli(["--max-restarts", "2", *FAST, "--nproc-per-node", "2", CRASH, str(marks),
                    "1", "exit:7", "always"], tmp_path)
@@ -81,6 +84,7 @@ def test_a_rank_that_crashes_every_time_uses_every_restart(tmp_path: Path, marks
     assert "attempt 3/3 was the last: no restart left" in out
 
 
+@pytest.mark.fault("F33")
 def test_a_cancel_during_an_attempt_is_never_restarted(tmp_path: Path, marks: Path) -> None:
     run = start(["--max-restarts", "2", *FAST, "--nproc-per-node", "2", CRASH, str(marks),
                  "1", "exit:0", "hang"], tmp_path)
@@ -94,6 +98,7 @@ def test_a_cancel_during_an_attempt_is_never_restarted(tmp_path: Path, marks: Pa
     assert envelope["cancelled"]["by"] == "SIGTERM to the supervisor"
 
 
+@pytest.mark.fault("F33")
 def test_a_cancel_during_the_backoff_ends_the_run_at_once(tmp_path: Path, marks: Path) -> None:
     run = start(["--max-restarts", "2", "--restart-backoff", "30", "--nproc-per-node", "2",
                  CRASH, str(marks), "1", "exit:9", "always"], tmp_path)
@@ -117,6 +122,7 @@ def test_a_cancel_during_the_backoff_ends_the_run_at_once(tmp_path: Path, marks:
     (["--max-restarts", "-1"], "--max-restarts must not be negative"),
     (["--restart-backoff", "-1"], "--restart-backoff must not be negative"),
 ])
+@pytest.mark.fault("F40")
 def test_restart_options_refused_in_one_line(tmp_path: Path, args: list[str],
                                              expected: str) -> None:
     run_dir = tmp_path / "run"

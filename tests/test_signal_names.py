@@ -24,6 +24,7 @@ RTMIN, RTMAX = int(signal.SIGRTMIN), int(signal.SIGRTMAX)
 NUMBERS = range(1, 65)
 
 
+@pytest.mark.fault("F06")
 @pytest.mark.parametrize("number", NUMBERS)
 def test_every_function_that_names_a_signal_names_every_number(number: int) -> None:
     name = signal_name(number)
@@ -57,6 +58,7 @@ DEADLY = [signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGABRT, signal.S
           RTMIN + 16, RTMAX - 1, RTMAX]
 
 
+@pytest.mark.fault("F06")
 @pytest.mark.parametrize("number", [int(n) for n in DEADLY],
                          ids=[signal_name(int(n)) for n in DEADLY])
 def test_a_rank_killed_by_any_signal_is_named_and_its_peer_stopped(
@@ -82,6 +84,7 @@ def test_a_rank_killed_by_any_signal_is_named_and_its_peer_stopped(
     assert envelope["supervisor_error"] is None
 
 
+@pytest.mark.fault("F06")
 def test_a_real_time_death_under_the_forgelm_contract_is_2(tmp_path: Path) -> None:
     run = run_cli(["--nproc-per-node", "2", "--grace", "5", rank_script("die_of_signal.py"),
                    "0", str(RTMIN + 6)], tmp_path)

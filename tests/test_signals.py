@@ -17,6 +17,7 @@ def _at(text: str) -> float:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
+@pytest.mark.fault("F07")
 @pytest.mark.parametrize(
     ("contract", "sig", "expected"),
     [("forgelm", signal.SIGTERM, 2), ("raw", signal.SIGTERM, 143), ("raw", signal.SIGINT, 130),
@@ -40,6 +41,7 @@ def test_stop_signal_reaches_every_rank_in_one_pass(
     assert all(r["signal"] == "SIGTERM" for r in envelope["ranks"])
 
 
+@pytest.mark.fault("F10")
 def test_rank_ignoring_sigterm_is_killed_at_grace_deadline(tmp_path: Path, marks: Path) -> None:
     run = start(["--nproc-per-node", "2", "--grace", "2",
                  rank_script("sleeper.py"), str(marks), "--ignore-term", "1"], tmp_path)
@@ -57,6 +59,7 @@ def test_rank_ignoring_sigterm_is_killed_at_grace_deadline(tmp_path: Path, marks
     assert 1.8 < _at(kill["at"]) - _at(term["at"]) < 3.0
 
 
+@pytest.mark.fault("F22")
 def test_second_sigint_kills_at_once(tmp_path: Path, marks: Path) -> None:
     run = start(["--nproc-per-node", "2", "--grace", "30", "--exit-contract", "raw",
                  rank_script("sleeper.py"), str(marks), "--ignore-term", "0"], tmp_path)
@@ -74,6 +77,7 @@ def test_second_sigint_kills_at_once(tmp_path: Path, marks: Path) -> None:
     assert "second cancel" in rank0["signals_sent"][-1]["reason"]
 
 
+@pytest.mark.fault("F25")
 def test_sigusr1_is_forwarded_and_the_run_goes_on(tmp_path: Path, marks: Path) -> None:
     run = start(["--nproc-per-node", "2", rank_script("sleeper.py"), str(marks), "--sleep", "3"],
                 tmp_path)
@@ -90,6 +94,7 @@ def test_sigusr1_is_forwarded_and_the_run_goes_on(tmp_path: Path, marks: Path) -
         assert [s["purpose"] for s in rank["signals_sent"]] == ["forward"]
 
 
+@pytest.mark.fault("F20")
 @pytest.mark.parametrize(("contract", "code"), [("forgelm", 2), ("raw", 138)])
 def test_a_rank_ended_by_a_forwarded_signal_interrupts_the_run(
         tmp_path: Path, marks: Path, contract: str, code: int) -> None:
@@ -114,6 +119,7 @@ def test_a_rank_ended_by_a_forwarded_signal_interrupts_the_run(
         "rank 0 ended on SIGUSR1, forwarded by forgelm-tui")
 
 
+@pytest.mark.fault("F27")
 def test_sigkill_of_supervisor_leaves_no_rank_or_child(tmp_path: Path, marks: Path) -> None:
     run = start(["--nproc-per-node", "3", rank_script("sleeper.py"), str(marks), "--child",
                  "--ignore-term", "2"], tmp_path)
@@ -126,6 +132,7 @@ def test_sigkill_of_supervisor_leaves_no_rank_or_child(tmp_path: Path, marks: Pa
     assert time.monotonic() - killed < 2.5
 
 
+@pytest.mark.fault("F22")
 def test_sigterm_stop_writes_provisional_envelope_first(tmp_path: Path, marks: Path) -> None:
     # The rank ignores SIGTERM; while the grace runs, the envelope on disk says "stopping".
     run = start(["--nproc-per-node", "2", "--grace", "20", rank_script("sleeper.py"), str(marks),

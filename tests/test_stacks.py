@@ -397,6 +397,7 @@ def _stacks_signals(rank: dict[str, Any]) -> list[dict[str, Any]]:
     return [s for s in rank["signals_sent"] if s["purpose"] == "stacks"]
 
 
+@pytest.mark.fault("F09")
 def test_the_spinning_rank_case_ends_as_a_stall_with_both_ranks_stacks(tmp_path: Path,
                                                                       marks: Path) -> None:
     """Issue 13: steps 1-5, then rank 0 spins a core and rank 1 sleeps."""
@@ -466,6 +467,7 @@ def test_the_capture_deadline_holds_when_a_rank_ignores_the_signal(tmp_path: Pat
     assert ignoring["signal"] == "SIGTERM"  # it ignored the stacks signal, not the stop
 
 
+@pytest.mark.fault("F24")
 def test_sigquit_to_the_supervisor_captures_the_stacks_and_the_run_goes_on(
         tmp_path: Path, marks: Path) -> None:
     run = start(["--nproc-per-node", "2", "--stall-timeout", "30", rank_script("stuck.py"),

@@ -14,6 +14,7 @@ from conftest import rank_script, run_cli
 pytestmark = pytest.mark.timeout(60)
 
 
+@pytest.mark.fault("F08")
 def test_silent_idle_ranks_are_a_stall(tmp_path: Path, marks: Path) -> None:
     begin = time.monotonic()
     run = run_cli(["--nproc-per-node", "2", "--stall-timeout", "2", "--grace", "2",
@@ -28,6 +29,7 @@ def test_silent_idle_ranks_are_a_stall(tmp_path: Path, marks: Path) -> None:
     assert "stalled: no progress from rank(s) 0,1 for 2 s" in out
 
 
+@pytest.mark.fault("F08")
 @pytest.mark.timeout(90)
 def test_collective_deadlock_ends_within_stall_plus_grace(tmp_path: Path) -> None:
     from conftest import start, wait_for

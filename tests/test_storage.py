@@ -68,6 +68,7 @@ def _log(disk: FakeDisk, clock: Clock, told: list[LogLoss]) -> LogFile:
                    write=disk, clock=clock, wall=lambda: 1_700_000_000.0 + clock.now)
 
 
+@pytest.mark.fault("F29")
 def test_a_full_disk_counts_what_it_lost_and_never_raises() -> None:
     disk, clock, told = FakeDisk(room=150), Clock(), []
     log = _log(disk, clock, told)
@@ -93,6 +94,7 @@ def test_a_full_disk_counts_what_it_lost_and_never_raises() -> None:
     assert len(told) == 1  # views are told once a stream
 
 
+@pytest.mark.fault("F30")
 @pytest.mark.parametrize("code", [errno.EACCES, errno.EROFS, errno.EIO, errno.EDQUOT])
 def test_every_write_error_is_a_loss_not_a_crash(code: int) -> None:
     disk, clock, told = FakeDisk(room=0, error=code), Clock(), []
@@ -126,6 +128,7 @@ def test_not_kept_line_names_rank_stream_bytes_and_time() -> None:
 # ------------------------------------------------------------------ the envelope's places
 
 
+@pytest.mark.fault("F31")
 def test_an_envelope_place_that_fails_never_stops_the_others(tmp_path: Path) -> None:
     blocked = tmp_path / "file"
     blocked.write_text("not a directory")
@@ -168,6 +171,7 @@ def _real_write(disk: FakeDisk, fd: int, data: memoryview) -> int:
     return os.write(fd, data[:count])
 
 
+@pytest.mark.fault("F29")
 def test_ranks_drain_and_views_get_every_line_when_the_logs_fail(tmp_path: Path,
                                                                  full_disk: None) -> None:
     lines = 20_000
@@ -228,6 +232,7 @@ def _no_traceback(err: str) -> None:
     assert "Traceback" not in err and "OSError" not in err, err[-3000:]
 
 
+@pytest.mark.fault("F29")
 def test_run_dir_on_a_full_tmpfs(tmp_path: Path, small_tmpfs: Path) -> None:
     extra = tmp_path / "elsewhere" / "envelope.json"
     run_dir = small_tmpfs / "run"
@@ -254,6 +259,7 @@ def test_run_dir_on_a_full_tmpfs(tmp_path: Path, small_tmpfs: Path) -> None:
         assert any(str(run_dir / "envelope.json") in line for line in err.splitlines())
 
 
+@pytest.mark.fault("F30")
 def test_run_dir_turned_read_only_mid_run(tmp_path: Path, marks: Path) -> None:
     if not ROOT:
         pytest.skip("needs root to remount the run dir read-only (CI runs as root)")
@@ -293,6 +299,7 @@ def _sh(argv: list[str]) -> bool:
 
 
 
+@pytest.mark.fault("F29")
 def test_tui_on_a_full_tmpfs_says_what_was_lost(tmp_path: Path, small_tmpfs: Path,
                                                  term: Any) -> None:
     if shutil.which("tmux") is None:
@@ -318,6 +325,7 @@ def test_tui_on_a_full_tmpfs_says_what_was_lost(tmp_path: Path, small_tmpfs: Pat
         assert Path(path.strip()).is_file(), f"{path!r} is named but does not exist"
 
 
+@pytest.mark.fault("F39")
 def test_a_run_dir_that_cannot_be_written_is_one_clear_line(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -346,6 +354,7 @@ def test_a_run_dir_that_cannot_be_written_is_one_clear_line(tmp_path: Path) -> N
     assert json.loads(extra.read_text())["error"] == f"--run-dir {run_dir}: not writable"
 
 
+@pytest.mark.fault("F31")
 def test_an_ending_names_only_files_written(tmp_path: Path) -> None:
     from forgelm_tui.ending import RunEnding
     from forgelm_tui.verdict import prelaunch_failure

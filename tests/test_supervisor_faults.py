@@ -23,6 +23,7 @@ from forgelm_tui.run import Session
 pytestmark = pytest.mark.timeout(60)
 
 
+@pytest.mark.fault("F26")
 @pytest.mark.parametrize("sig", [signal.SIGPIPE, signal.SIGTTOU])
 def test_sigpipe_and_sigttou_to_the_supervisor_change_nothing(
         tmp_path: Path, marks: Path, sig: int) -> None:
@@ -49,6 +50,7 @@ def _sleepers(marks: Path) -> list[str]:
     return ["--nproc-per-node", "2", rank_script("sleeper.py"), str(marks)]
 
 
+@pytest.mark.fault("F32")
 def test_a_listener_that_raises_stops_the_ranks_with_an_envelope(
         tmp_path: Path, marks: Path) -> None:
     session = _session(tmp_path, *_sleepers(marks))
@@ -78,6 +80,7 @@ def test_a_listener_that_raises_stops_the_ranks_with_an_envelope(
     wait_for(lambda: not any(pid_alive(p) for p in pids), 5, "every rank to be gone")
 
 
+@pytest.mark.fault("F32")
 def test_a_sampler_that_raises_stops_the_ranks(tmp_path: Path, marks: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """The sampler's results are applied in a loop callback: its exception reaches the loop's
@@ -97,6 +100,7 @@ def test_a_sampler_that_raises_stops_the_ranks(tmp_path: Path, marks: Path,
     assert ending.envelope["stop"]["reason"].startswith("cancelled by forgelm-tui itself")
 
 
+@pytest.mark.fault("F32")
 def test_an_error_after_the_ranks_ended_keeps_their_verdict(tmp_path: Path) -> None:
     session = _session(tmp_path, "--nproc-per-node", "2", rank_script("exit_with.py"), "4",
                        "1=0")

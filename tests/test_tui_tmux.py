@@ -123,6 +123,7 @@ def test_sigterm_to_the_supervisor_restores_the_terminal(term: Terminal, tmp_pat
     assert envelope["cancelled"]["by"] == "SIGTERM to the supervisor"  # type: ignore[index]
 
 
+@pytest.mark.fault("F23")
 @pytest.mark.parametrize("when", ["running", "finished"])
 def test_closed_terminal_stops_the_run_and_the_app(term: Terminal, tmp_path: Path,
                                                   when: str) -> None:
@@ -149,6 +150,7 @@ def test_closed_terminal_stops_the_run_and_the_app(term: Terminal, tmp_path: Pat
         assert envelope["exit_code"] == 0
 
 
+@pytest.mark.fault("F23")
 @pytest.mark.timeout(90)
 def test_closed_terminal_is_one_graceful_stop_with_the_full_grace(term: Terminal,
                                                                  tmp_path: Path) -> None:
