@@ -78,4 +78,6 @@ def viewer_command(args: list[str]) -> int:
                              ns.read_only)
     from forgelm_tui.tui.attach import execute_attach
 
+    with contextlib.suppress(OSError):  # a viewer yields the CPU to the run (docs/control.md)
+        os.nice(ns.nice)
     return execute_attach(ns.run, ns.read_only, stderr_line, ns.via)

@@ -319,7 +319,23 @@ def viewer_parser(command: str) -> argparse.ArgumentParser:
     parser.add_argument("--via", choices=("terminal", "browser"), default="terminal",
                         help="how the operator reaches this viewer, recorded with each command "
                              "(forgelm-tui serve passes browser)")
+    parser.add_argument("--nice", type=_viewer_nice, default=VIEWER_NICE, metavar="N",
+                        help=f"the viewer's CPU niceness (default {VIEWER_NICE}: under "
+                             "contention the ranks and the supervisor go first; 0 keeps it)")
     return parser
+
+
+VIEWER_NICE = 10  # an attached viewer yields the CPU to the run it watches
+
+
+def _viewer_nice(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise UsageError(f"--nice must be a whole number 0..19, got {text!r}") from None
+    if not 0 <= value <= 19:
+        raise UsageError(f"--nice must be a whole number 0..19, got {value}")
+    return value
 
 
 def _serve_parser() -> argparse.ArgumentParser:

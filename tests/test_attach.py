@@ -95,6 +95,10 @@ def test_attach_errors_are_one_line(tmp_path: Path) -> None:
     assert done.returncode == 1 and "not a forgelm-tui run dir" in done.stderr
     done = cli(["attach", "--bogus"], tmp_path)
     assert done.returncode == 1 and "unrecognized arguments" in done.stderr
+    done = cli(["attach", "--nice", "20", "no-such-run-id"], tmp_path)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        "forgelm-tui attach: --nice must be a whole number 0..19, got 20"]
 
 
 def test_ls_and_attach_to_an_ended_run(tmp_path: Path, marks: Path) -> None:
