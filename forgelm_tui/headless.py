@@ -304,6 +304,8 @@ def _ending(code: int | None, sig: int | None) -> str:
     if sig is not None:
         return f"killed by {signal_name(sig)}"
     assert code is not None
+    if code == 1:  # a config error or a crash (a traceback): the verdict tells, once read
+        return "exited with 1"
     return f"exited with {code} {describe(code)[0]}"
 
 
