@@ -21,14 +21,19 @@ def gib(value: int | None) -> str:
     return "-" if value is None else f"{value / GIB:.1f}"
 
 
-def device_text(device: GpuDevice) -> str:
+def device_text(device: GpuDevice, *, brief: bool = False) -> str:
+    """``gpu0 87% 30.0/80.0 GiB 61C 250 W``; brief, ``gpu0 87% 30/80G``, where a line has no
+    room for every figure."""
     if device.lost:
         return f"gpu{device.index} lost"
     parts = [f"gpu{device.index}"]
     if device.utilization is not None:
         parts.append(f"{device.utilization:.0f}%")
     if device.memory_used is not None and device.memory_total:
-        parts.append(f"{gib(device.memory_used)}/{gib(device.memory_total)} GiB")
+        parts.append(f"{device.memory_used / GIB:.0f}/{device.memory_total / GIB:.0f}G" if brief
+                     else f"{gib(device.memory_used)}/{gib(device.memory_total)} GiB")
+    if brief:
+        return " ".join(parts)
     if device.temperature is not None:
         parts.append(f"{device.temperature}C")
     if device.power_watts is not None:
@@ -37,15 +42,7 @@ def device_text(device: GpuDevice) -> str:
 
 
 def device_brief(device: GpuDevice) -> str:
-    """``gpu0 87% 30/80G``: where a line has no room for every figure."""
-    if device.lost:
-        return f"gpu{device.index} lost"
-    parts = [f"gpu{device.index}"]
-    if device.utilization is not None:
-        parts.append(f"{device.utilization:.0f}%")
-    if device.memory_used is not None and device.memory_total:
-        parts.append(f"{device.memory_used / GIB:.0f}/{device.memory_total / GIB:.0f}G")
-    return " ".join(parts)
+    return device_text(device, brief=True)
 
 
 def devices_line(devices: Sequence[GpuDevice], width: int) -> str:
