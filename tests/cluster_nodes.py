@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from conftest import cli_env, pid_alive, wait_for
+from conftest import cli_env, dies_with_the_test, pid_alive, wait_for
 
 
 def free_port_pair() -> int:
@@ -77,7 +77,7 @@ def start_nodes(nnodes: int, target: Sequence[str], tmp_path: Path, *,
                *target]
         proc = subprocess.Popen(cmd, cwd=tmp_path, env=cli_env(env), stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=dies_with_the_test)
         nodes.append(Node(rank, proc, tmp_path / "run"))
     return nodes
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -61,6 +62,24 @@ class Run:
         self.proc.send_signal(sig)
 
 
+def _load_prctl() -> Callable[..., int] | None:
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _load_prctl()
+
+
+def dies_with_the_test() -> None:
+    """preexec_fn of every supervisor a test starts: SIGKILL when the test's process dies (a
+    pytest worker killed mid-test leaves no supervisor running; its guardian stops the ranks).
+    Tests start supervisors from the main thread only: the signal follows the forking thread."""
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+
+
 def cli_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env.pop("FORCE_COLOR", None)
@@ -88,6 +107,7 @@ def start(
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=dies_with_the_test,
     )
     return Run(proc, run_dir)
 
