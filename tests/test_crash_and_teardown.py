@@ -38,6 +38,10 @@ def test_the_traceback_at_the_end_of_stderr_names_the_exception() -> None:
     assert from_stderr(prefixed) == from_stderr(TRACEBACK)  # torch.distributed's excepthook
     warnings = "".join(f"[W teardown {i}]\n" for i in range(5))
     assert from_stderr(TRACEBACK + warnings) is not None  # exit-time warnings after it
+    # output the rank left without a newline, then the interpreter's header on the same line
+    # (the soak's run 76: binary bytes, then an uncaught RuntimeError)
+    glued = "\xff\x1b partial line" + TRACEBACK
+    assert from_stderr(glued) == from_stderr(TRACEBACK)
 
 
 @pytest.mark.fault("F02")

@@ -63,8 +63,9 @@ def from_error_file(path: str) -> tuple[str, str] | None:
 def from_stderr(text: str) -> tuple[str, str] | None:
     """The exception of the last traceback, if the stderr ends with it (within a few lines)."""
     lines = TORCH_PREFIX.sub("", text).splitlines()
-    header = next((i for i in range(len(lines) - 1, -1, -1) if lines[i].strip() == TRACEBACK),
-                  None)
+    # The header ends its line; output the rank left without a newline may come before it.
+    header = next((i for i in range(len(lines) - 1, -1, -1)
+                   if lines[i].rstrip().endswith(TRACEBACK)), None)
     if header is None:
         return None
     for index in range(header + 1, len(lines)):
