@@ -89,7 +89,9 @@ class Session:
         self.chain.subscribe(listener)
 
     def snapshot(self) -> ev.RunSnapshot:
-        snap = replace(self.supervisor.snapshot(), attempt=self.chain.attempt)
+        # argv: the command the operator ran (as the launching TUI shows it), redacted
+        snap = replace(self.supervisor.snapshot(), attempt=self.chain.attempt,
+                       argv=tuple(self.command))
         ending = self.report.ending
         if ending is None:
             return snap

@@ -44,6 +44,7 @@ def test_attach_cancel_from_the_viewer(term: Terminal, tmp_path: Path, marks: Pa
     term.start(["attach", str(run_dir)], raw=True)
     screen = term.wait_screen(r"RUNNING")
     assert "rank 0 ready" in screen and "rank 1 ready" in screen  # the logs so far, from files
+    assert re.search(r"^ forgelm-tui --no-tui ", screen, re.M)  # the command, as the run's own
     term.press("c")
     term.wait_screen(r"Stop the run\?")
     term.press("y")
