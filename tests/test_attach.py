@@ -140,7 +140,11 @@ def test_attach_with_no_argument_finds_the_latest_run(term: Terminal, tmp_path: 
     assert re.search(r"c Cancel\s+k Kill now\s+d Detach", screen)
     term.press("t")
     term.wait_screen(r"Stacks \(")  # the run's StacksCaptured, requested through the socket
-    assert (run_dir / "rank-0.stacks.txt").read_text().count("requested by attached viewer")
+    stacks = (run_dir / "rank-0.stacks.txt").read_text()
+    viewer = re.search(r"requested by attached viewer \(pid (\d+),", stacks)
+    assert viewer is not None
+    stat = Path(f"/proc/{viewer.group(1)}/stat").read_text()
+    assert int(stat.rsplit(")", 1)[1].split()[16]) == 10  # nice: the viewer yields the CPU
     term.press("d")
     assert term.exit_code() == 0
     assert proc.poll() is None
@@ -245,7 +249,8 @@ def test_attaching_as_the_run_ends_shows_its_verdict(term: Terminal, tmp_path: P
     for name, path in (("racing-dead", dead), ("racing-closing", tmp_path / "closing.sock")):
         run_dir = tmp_path / name  # a run dir of its own (the registry knows a run dir once)
         run_dir.mkdir()
-        (run_dir / "envelope.json").write_bytes((run.run_dir / "envelope.json").read_bytes())
+        ended = {**run.envelope(), "run_id": name}  # this run's envelope (another's is not)
+        (run_dir / "envelope.json").write_text(json.dumps(ended))
         (runs / f"{name}.json").write_text(json.dumps({
             "run_id": name, "run_dir": str(run_dir), "socket": str(path),
             "pid": os.getpid(), "started_at": time.time()}))  # a live "supervisor": this test

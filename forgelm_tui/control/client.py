@@ -48,6 +48,9 @@ class ControlClient:
             except OSError as exc:
                 self.close()
                 raise ControlError(f"{path}: connection lost ({exc})") from None
+        # The timeout covers connecting and the hellos: a run may then be quiet for long (a
+        # restart's backoff), which is no lost connection.
+        self.sock.settimeout(None)
 
     def read(self) -> dict[str, Any]:
         """The next message; ControlError at the end of the stream."""

@@ -48,9 +48,13 @@ class StreamTail:
         body = raw
         if self.lines > TAIL_LINES:  # the remainder, then the last TAIL_LINES lines
             body = b"\n".join(raw.rsplit(b"\n", TAIL_LINES)[1:])
-        while len(body) > TAIL_BYTES and b"\n" in body:
-            body = body.split(b"\n", 1)[1]
-            skipped += 1
+        if len(body) > TAIL_BYTES:  # whole lines from the first that starts within the budget
+            cut = body.find(b"\n", len(body) - TAIL_BYTES - 1)
+            if cut < 0:
+                cut = body.rfind(b"\n")
+            if cut >= 0:
+                skipped += body.count(b"\n", 0, cut + 1)
+                body = body[cut + 1:]
         return body[-TAIL_BYTES:], skipped
 
 

@@ -29,25 +29,16 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
-from forgelm_tui.engine.guardian import Guardian
+from forgelm_tui.engine.guardian import TOKEN_ENV as TOKEN_ENV  # re-exported
+from forgelm_tui.engine.guardian import Guardian, new_token, token_needle
 from forgelm_tui.engine.records import DescendantRecord, RankRecord
 from forgelm_tui.engine.spawn import set_child_subreaper
 
-TOKEN_ENV = "FORGELM_TUI_SUPERVISOR"
 END_GRACE = 1.0  # after the ranks ended: SIGTERM -> SIGKILL for what they left behind
 KILL_WAIT = 0.5  # after a SIGKILL, how long to watch for it to be gone
 POLL = 0.05  # how often the end checks what is left (bounded by the two above)
 RECORD_EVERY = 5.0  # the rare scan during the run
 COMMAND_CHARS = 80
-
-
-def new_token() -> str:
-    return os.urandom(8).hex()
-
-
-def token_needle(token: str) -> bytes:
-    """What ``b"\\0" + environ`` contains when a process carries the token."""
-    return f"\0{TOKEN_ENV}={token}\0".encode()
 
 
 @dataclass(frozen=True)

@@ -21,17 +21,27 @@ import time
 
 GUARDIAN_GRACE = 1.0
 _GOODBYE = b"x"
-_TOKEN_ENV = "FORGELM_TUI_SUPERVISOR"  # descendants.TOKEN_ENV (the guardian imports nothing)
+TOKEN_ENV = "FORGELM_TUI_SUPERVISOR"  # every rank's environment: the supervisor's token
 _POLL = 0.02
+
+
+def new_token() -> str:
+    return os.urandom(8).hex()
+
+
+def token_needle(token: str) -> bytes:
+    """What ``b"\\0" + environ`` contains when a process carries the token."""
+    return f"\0{TOKEN_ENV}={token}\0".encode()
 
 
 class Guardian:
     """The supervisor's end of the guardian pipe."""
 
     def __init__(self, grace: float = GUARDIAN_GRACE) -> None:
-        # The supervisor's token (descendants.TOKEN_ENV), given to the child at the fork.
-        self.token = os.urandom(8).hex()
-        needle = f"\0{_TOKEN_ENV}={self.token}\0".encode()
+        # The supervisor's token (docs/architecture.md, process model), given to the child at
+        # the fork.
+        self.token = new_token()
+        needle = token_needle(self.token)
         read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
         pid = os.fork()
         if pid == 0:  # pragma: no cover - runs in the forked child

@@ -340,7 +340,7 @@ def open_run(run: KnownRun, read_only: bool, via: str) -> AttachedRun | None:
         first = exc
     # The supervisor writes its envelope before it closes the socket, then gives viewers up to
     # FLUSH_WAIT (1 s) before it removes the socket: a little longer than that.
-    if ended_from_envelope(str(run.run_dir), 1.5) is not None:
+    if ended_from_envelope(str(run.run_dir), 1.5, run_id=run.run_id) is not None:
         return None
     client = connect_again(run.socket, run.pid, tries=3)
     if client is None:
