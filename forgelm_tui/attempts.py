@@ -22,6 +22,7 @@ from forgelm_tui.engine.records import CancelRequest
 from forgelm_tui.engine.restart_policy import AttemptFacts, RestartDecision
 from forgelm_tui.engine.spec import LaunchSpec
 from forgelm_tui.engine.supervisor import Supervisor
+from forgelm_tui.private_files import make_private_dir
 from forgelm_tui.verdict import Verdict
 
 # The fields of an attempt's own envelope that its entry in ``attempts`` keeps.
@@ -131,7 +132,7 @@ class AttemptChain:
 def make_attempt_dir(path: Path) -> str | None:
     """The directory of a restart's files; why it could not be made, if it could not."""
     try:
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        make_private_dir(path)  # 0700 whatever the umask, as the run dir (docs/security.md)
     except OSError as exc:
         return f"cannot create {path} ({exc.strerror or exc})"
     return None

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from forgelm_tui import envelope as env_mod
+from forgelm_tui.ending import RunEnding
 from forgelm_tui.engine.faults import describe_exception, fault_verdict
 from forgelm_tui.plan import Plan
 
@@ -19,11 +20,15 @@ def report_internal_error(plan: Plan, exc: BaseException, say: Callable[[str], N
     error = describe_exception(exc, "forgelm-tui")
     verdict = fault_verdict(error)
     envelope = env_mod.build(plan.info, verdict)
-    envelope["supervisor_error"] = error.to_dict(env_mod.iso(error.at))
-    errors = env_mod.write_all(plan.envelope_paths, envelope)
-    where = f"; envelope: {plan.envelope_paths[0]}" if plan.envelope_paths and not errors else ""
+    envelope.update(supervisor_error=error.to_dict(env_mod.iso(error.at)),
+                    max_restarts=plan.info.max_restarts, restart_count=0, attempts=[])
+    written, errors = env_mod.write_each(plan.envelope_paths, envelope)
+    where = RunEnding(verdict, envelope, None, tuple(errors), tuple(written)).where_line(
+        plan.output_format == "json")
     say(f"forgelm-tui: internal error: {error.line}; every rank was stopped "
         f"(exit {verdict.code} {verdict.name}{where})")
+    for message in errors:
+        say(f"forgelm-tui: {message}")
     if plan.output_format == "json":
         emit_json(envelope)
     return verdict.code

@@ -9,6 +9,7 @@ ranks' own verdict. The failures are injected in-process (no test hook in the pr
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import time
 from pathlib import Path
@@ -131,3 +132,28 @@ def test_the_headless_summary_names_the_error_and_the_attempts() -> None:
         "attempt 2/3 was the last: the run succeeded; each restart's logs in attempt-K/ of the "
         "run dir"]
     assert ending_notes({"supervisor_error": None, "max_restarts": 0, "attempts": []}) == []
+
+
+@pytest.mark.fault("F32")
+def test_the_last_net_writes_every_envelope_it_can_and_names_only_those(tmp_path: Path) -> None:
+    """An exception past every other net (cli's execute): one line, the envelope in the same
+    shape as every other (restart fields too), every place that could be written named."""
+    from forgelm_tui.internal_error import report_internal_error
+
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    plan = Planner(["--no-tui", "--run-dir", str(tmp_path / "run"), "--envelope",
+                    str(blocked / "e.json"), rank_script("exit_with.py"), "0"],
+                   "net-" + tmp_path.name[-12:]).plan()
+    said: list[str] = []
+    printed: list[dict[str, object]] = []
+    assert report_internal_error(plan, RuntimeError("past every net"), said.append,
+                                 printed.append) == 2
+    envelope = json.loads((tmp_path / "run" / "envelope.json").read_text())
+    assert envelope["supervisor_error"]["message"] == "past every net"
+    assert (envelope["max_restarts"], envelope["restart_count"], envelope["attempts"]) == (0, 0,
+                                                                                          [])
+    assert said[0].startswith("forgelm-tui: internal error: RuntimeError: past every net")
+    assert said[0].endswith(f"; envelope: {tmp_path / 'run' / 'envelope.json'})")
+    assert len(said) == 2 and str(blocked / "e.json") in said[1]  # the place that failed
+    assert printed == []  # text output: nothing on stdout
