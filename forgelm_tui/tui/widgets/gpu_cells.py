@@ -9,24 +9,21 @@ does not give per-process memory, the device's used memory stands in.
 from __future__ import annotations
 
 from forgelm_tui.engine.events import RankGpu
+from forgelm_tui.gpu_text import GIB
 from forgelm_tui.tui.gpu_view import GpuView
+from forgelm_tui.tui.widgets.progress_bar import blocks
 
 # (key, label, starting width): "0,1" devices, "100.0", "▉▉▉▉▉ 79.6/80.0G"
 GPU_COLUMNS = (("gpu", "GPU", 3), ("gpu_util", "GPU %", 5), ("gpu_mem", "GPU mem", 16))
 GPU_KEYS = frozenset(key for key, _, _ in GPU_COLUMNS)
 BAR_CELLS = 5
-EIGHTHS = " ▏▎▍▌▋▊▉"
-GIB = float(1 << 30)
 
 Cell = tuple[str, str]
 
 
 def bar(fraction: float, cells: int = BAR_CELLS) -> str:
     """``fraction`` of ``cells`` cells in block characters, to an eighth of a cell."""
-    eighths = round(max(0.0, min(1.0, fraction)) * cells * 8)
-    whole, part = divmod(eighths, 8)
-    text = "█" * whole + (EIGHTHS[part] if part else "")
-    return text.ljust(cells, "·")
+    return blocks(fraction, cells, empty="·")
 
 
 def _memory(gpu: RankGpu) -> tuple[int | None, int | None]:

@@ -25,11 +25,17 @@ def bar_cell(row: RankRow, style: str) -> tuple[str, str]:
     return (f"{min(1.0, max(0.0, row.step / row.total)):.4f}", style)
 
 
+def blocks(fraction: float, cells: int, empty: str = EMPTY) -> str:
+    """``fraction`` of ``cells`` cells in block characters, to an eighth of a cell, padded with
+    ``empty`` (the progress bars; the GPU memory bars)."""
+    eighths = round(max(0.0, min(1.0, fraction)) * cells * 8)
+    full, part = divmod(eighths, 8)
+    bar = FULL * full + (EIGHTHS[part] if part else "")
+    return bar + empty * (cells - len(bar))
+
+
 def fit_bar(fraction: str, width: int) -> str:
     """The bar for ``fraction`` in exactly ``width`` cells (empty text: no bar)."""
     if not fraction or width <= 0:
         return ""
-    eighths = round(float(fraction) * width * 8)
-    full, part = divmod(eighths, 8)
-    bar = FULL * full + (EIGHTHS[part] if part else "")
-    return bar + EMPTY * (width - len(bar))
+    return blocks(float(fraction), width)
