@@ -16,6 +16,19 @@ from forgelm_tui.control import paths
 RUNS_ROOT = Path("forgelm-tui-runs")
 
 
+def process_alive(pid: int | None) -> bool:
+    """A process (another user's counts) with this pid exists."""
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 @dataclass(frozen=True)
 class KnownRun:
     run_id: str
@@ -27,15 +40,9 @@ class KnownRun:
     @property
     def live(self) -> bool:
         """Its supervisor is alive and its socket is there."""
-        if self.pid is None or self.socket is None or not self.socket.exists():
+        if self.socket is None or not self.socket.exists():
             return False
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
+        return process_alive(self.pid)
 
     def envelope(self) -> dict[str, Any] | None:
         with contextlib.suppress(OSError, ValueError):

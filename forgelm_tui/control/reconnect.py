@@ -5,12 +5,12 @@ thread calls it."""
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from forgelm_tui.control.client import ControlClient, ControlError
+from forgelm_tui.control.find import process_alive
 
 TRIES = 8
 FIRST_WAIT = 0.1  # s, doubled after each failed try, at most MAX_WAIT: about 9 s in all
@@ -18,15 +18,7 @@ MAX_WAIT = 2.0
 
 
 def supervisor_alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return process_alive(pid)
 
 
 def connect_again(path: Path, pid: int | None, *, output: str = "tail",

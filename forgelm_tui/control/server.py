@@ -55,6 +55,7 @@ class Served(Protocol):
                        source: CancelSource = ..., cause: str | None = ...) -> str: ...
     def kill_now(self, origin: str = ..., source: CancelSource = ...) -> None: ...
     def forward(self, sig: int, origin: str = ..., source: CancelSource = ...) -> None: ...
+    def request_stacks(self, origin: str = ...) -> bool: ...
 
 
 def line(message: dict[str, Any]) -> bytes:
@@ -297,24 +298,11 @@ class ControlServer:
             self.session.forward(sig, origin, CancelSource.VIEWER)
             effect = f"forwarded {signal_name(sig)}"
         elif kind == "stacks":
-            request = _stacks_request(self.session)
-            if request is None:
-                viewer.offer(line({"type": "error", "message": "this run cannot capture stacks"}))
-                return
-            effect = "capturing" if request(origin) else "busy"
+            effect = "capturing" if self.session.request_stacks(origin) else "busy"
         else:
             viewer.offer(line({"type": "error", "message": f"unknown command {kind!r}"}))
             return
         viewer.offer(line({"type": "ack", "command": kind, "effect": effect}))
-
-
-def _stacks_request(session: Served) -> Callable[[str], bool] | None:
-    """The run's ``request_stacks`` (the engine's; a Session reaches it through its supervisor)."""
-    for owner in (session, getattr(session, "supervisor", None)):
-        request = getattr(owner, "request_stacks", None)
-        if callable(request):
-            return request  # type: ignore[no-any-return]
-    return None
 
 
 def _peer(writer: asyncio.StreamWriter) -> tuple[int, int]:
