@@ -12,11 +12,17 @@ the rank ends (processes.py). A process that left the group (``start_new_session
   guardian is such an orphan (one that cleared its environment too). Their zombies are reaped
   here, by pid (never ``waitpid(-1)``: that would steal the ranks' exits).
 
-They get the stop's SIGTERM (and SIGKILL) in the same pass as the rank groups. Once every rank
-has ended, whatever is left gets SIGTERM, :data:`END_GRACE` to go, then SIGKILL. The scan costs
-about 1-3 ms per hundred processes on the machine: it runs at a stop, at the end, and every
+A stop's pass signals the rank groups and the descendants already known, and nothing else: the
+scan for new ones (every process's environment, about 0.5-3 ms per hundred processes) runs right
+after the pass, on the loop, and they get the same signal then. The same scan runs every
 :data:`RECORD_EVERY` seconds (to know a descendant that exited on its own), never per sample.
-The guardian (guardian.py) does the same environment scan if the supervisor dies.
+
+Once every rank has ended, whatever is left gets SIGTERM, :data:`END_GRACE` to go, then
+SIGKILL. Then no scan of every process is needed: a child subreaper adopts every orphan below
+it, so all that the ranks left is the children of this process (and their own descendants), read
+from ``/proc/self/task/*/children``, a few microseconds when nothing is left. Only where that file
+is missing, or this process is no subreaper, is every process scanned at the end.
+The guardian (guardian.py) does the environment scan if the supervisor dies.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from forgelm_tui.engine.guardian import TOKEN_ENV as TOKEN_ENV  # re-exported
@@ -114,6 +120,27 @@ def children() -> set[int] | None:
     return kids
 
 
+def subtree(roots: set[int]) -> set[int]:
+    """``roots`` and every process below them, from each one's ``task/*/children`` (the roots
+    are this process's children: no scan of every process)."""
+    found: set[int] = set()
+    todo = list(roots)
+    while todo:
+        pid = todo.pop()
+        if pid in found:
+            continue
+        found.add(pid)
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue  # gone meanwhile
+        for tid in tasks:
+            data = _read(f"/proc/{pid}/task/{tid}/children")
+            if data:
+                todo.extend(int(child) for child in data.split())
+    return found
+
+
 def reap(pid: int) -> None:
     """Collect an adopted orphan's exit (a zombie of ours that is no rank)."""
     with contextlib.suppress(ChildProcessError, OSError):
@@ -153,12 +180,28 @@ class Descendants:
         self._refresh()
         self.watch()
 
-    def signal(self, sig: int) -> None:
-        """A stop's pass over the rank groups: the same signal to every live descendant."""
+    def signal(self, sig: int, *, scan_after: bool = True) -> None:
+        """A stop's pass over the rank groups: the same signal to every live descendant. Those
+        already known get it now; the scan for new ones runs once the pass is over (the loop's
+        next turn: after the stop's events too), and what it finds gets it then. Without
+        ``scan_after``, the scan runs first (the last net, where latency does not matter)."""
+        if self._state == "ended":
+            return
+        if not scan_after:
+            self._refresh()
+        known = [r for r in self.found.values() if r.ended is None]
+        for record in known:
+            self._send(record, sig)
+        if scan_after:
+            done = {r.pid for r in known}
+            asyncio.get_running_loop().call_soon(self._signal_new, sig, done)
+
+    def _signal_new(self, sig: int, done: set[int]) -> None:
         if self._state == "ended":
             return
         for record in self._refresh():
-            self._send(record, sig)
+            if record.pid not in done:
+                self._send(record, sig)
 
     # ------------------------------------------------------------------ the end
 
@@ -180,7 +223,7 @@ class Descendants:
         """SIGTERM what is new, SIGKILL what had its grace; True while anything is left."""
         now = time.monotonic()
         late = now - self._began >= END_GRACE  # whatever is still here now gets SIGKILL
-        live = self._refresh()
+        live = self._refresh(self._left_behind())
         for record in live:
             sent = [s for s, _ in record.signals]
             termed = self._term_mono.get(record.pid)
@@ -216,9 +259,11 @@ class Descendants:
         if sig == signal.SIGTERM:
             self._term_mono.setdefault(record.pid, time.monotonic())
 
-    def _refresh(self) -> list[DescendantRecord]:
-        """Scan, note what is new, and mark what is gone; the live descendants."""
-        for pid, stat, environ, how in self._scan():
+    def _refresh(self, found: Iterable[tuple[int, ProcStat, bytes | None, str]] | None = None,
+                 ) -> list[DescendantRecord]:
+        """Scan (or take what ``found`` found), note what is new, and mark what is gone; the
+        live descendants."""
+        for pid, stat, environ, how in self._scan() if found is None else found:
             known = self.found.get(pid)
             if known is not None and known.start_ticks == stat.start:
                 continue
@@ -244,15 +289,26 @@ class Descendants:
             return False
         return True
 
-    def _scan(self) -> Iterator[tuple[int, ProcStat, bytes | None, str]]:
-        """Live processes carrying the token, and adopted orphans; never a rank or its group."""
+    def _left_behind(self) -> Iterator[tuple[int, ProcStat, bytes | None, str]] | None:
+        """Every rank has ended: what they left is below this subreaper, its children first.
+        None (scan every process) where the children cannot be read or nothing is adopted."""
+        kids = children() if self._adopt else None
+        if kids is None:
+            return None
+        return self._scan(sorted(subtree(kids - self._skip)), kids)
+
+    def _scan(self, pids: Iterable[int] | None = None, kids: set[int] | None = None,
+              ) -> Iterator[tuple[int, ProcStat, bytes | None, str]]:
+        """Live processes carrying the token, and adopted orphans; never a rank or its group.
+        ``pids``: only those (what is below this process), else every process."""
         me, own_group = os.getpid(), os.getpgrp()
         ranks = {r.pid for r in self._records.values() if r.pid is not None}
-        kids = children() if self._adopt else set()
-        for name in os.listdir("/proc"):
-            if not name.isdigit() or int(name) in self._skip or int(name) in ranks:
+        if pids is None:
+            kids = children() if self._adopt else set()
+            pids = (int(name) for name in os.listdir("/proc") if name.isdigit())
+        for pid in pids:
+            if pid in self._skip or pid in ranks:
                 continue
-            pid = int(name)
             environ = _read(f"/proc/{pid}/environ")
             marked = environ is not None and self._needle in b"\0" + environ
             if not marked and not (self._adopt and (kids is None or pid in kids)):

@@ -366,7 +366,7 @@ class Supervisor:
     def _fault_deadline(self) -> None:
         for record in self._policy.live():
             self._processes.signal(record, signal.SIGKILL, group=True)
-        self.descendants.signal(signal.SIGKILL)  # what the ranks left outside their groups
+        self.descendants.signal(signal.SIGKILL, scan_after=False)  # what the ranks left
         self._finish()
 
     def _stopping_event(self) -> ev.RunStopping | None:
