@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 import sys
 import time
 from collections.abc import Sequence
 
+import forgelm_tui.lean_asyncio  # noqa: F401  (first: asyncio without OpenSSL's libraries)
 from forgelm_tui.options import UsageError
 from forgelm_tui.plan import Planner
 from forgelm_tui.run import execute, prelaunch_error, stderr_line
 
 
 def new_run_id() -> str:
-    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + os.urandom(3).hex()
 
 
 def entry() -> None:

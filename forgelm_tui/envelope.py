@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import secrets
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -292,7 +291,7 @@ def write_atomic(path: Path, envelope: dict[str, Any]) -> None:
     if not path.parent.is_dir():
         make_private_dir(path.parent)
     data = (json.dumps(envelope, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
-    tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+    tmp = path.parent / f".{path.name}.{os.urandom(6).hex()}.tmp"
     fd = open_private(str(tmp), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
                       | os.O_CLOEXEC)
     try:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 import socket
 import time
 from collections.abc import Callable
@@ -113,7 +112,7 @@ class Joiner:
             self._refuse(store, f"node {node_rank} runs forgelm-tui {cfg.version}, node 0 runs "
                          f"{run['version']}: every node must run the same version")
         me = NodeInfo(node_rank, socket.gethostname(), os.getpid(), cfg.nproc, cfg.version,
-                      secrets.token_hex(8))
+                      os.urandom(8).hex())
         held = store.first(f"node/{node_rank}", asdict(me))
         self.registered = held == asdict(me)
         if not self.registered:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import tempfile
@@ -21,6 +20,8 @@ def socket_path(run_dir: Path, run_id: str) -> Path:
     wanted = run_dir / SOCKET_NAME
     if len(os.fsencode(wanted)) <= MAX_SOCKET_PATH:
         return wanted
+    import hashlib  # here: hashlib loads OpenSSL's libcrypto, megabytes of every run's RSS
+
     digest = hashlib.sha256(os.fsencode(run_dir)).hexdigest()[:16]
     runtime = os.environ.get("XDG_RUNTIME_DIR")
     bases = [Path(runtime) / "forgelm-tui"] if runtime else []

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import secrets
 import socket
 import struct
 from collections.abc import Callable
@@ -24,7 +23,7 @@ from forgelm_tui.channel import MAX_DATAGRAM, Message, channel_name, decode, soc
 
 class ChannelServer:
     def __init__(self, run_id: str) -> None:
-        self.name = channel_name(run_id, secrets.token_hex(4))
+        self.name = channel_name(run_id, os.urandom(4).hex())
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
         self._sock.bind(socket_address(self.name))
         self._sock.setblocking(False)
