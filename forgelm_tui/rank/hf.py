@@ -36,7 +36,7 @@ from forgelm_tui.rank.stop import AgreementHolder
 __all__ = ["ProgressReportCallback", "StopTogetherCallback", "latest_loss"]
 
 
-class ProgressReportCallback(TrainerCallback):
+class ProgressReportCallback(TrainerCallback):  # type: ignore[misc]  # transformers is Any to mypy
     """Reports steps and sends heartbeats at evaluation and save; handles no signal.
 
     ``report``: send per-step progress (default True). ``heartbeat_every``: the most frequent

@@ -49,7 +49,7 @@ from forgelm_tui.rank.stop import AgreementHolder
 __all__ = ["ProgressReportCallback", "StopTogetherCallback"]
 
 
-class ProgressReportCallback(pl.Callback):
+class ProgressReportCallback(pl.Callback):  # type: ignore[misc]  # Lightning is Any to mypy
     """Reports each training batch's global step and sends heartbeats during validation and at
     checkpoint saves; handles no signal. ``report``: send per-step progress (default True).
     ``heartbeat_every``: the most frequent heartbeat during validation, in seconds."""
