@@ -12,9 +12,14 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from forgelm_tui.engine.records import RankRecord
+    from forgelm_tui.plan import Plan
+    from forgelm_tui.verdict import RankEnding
 
 RANKS = Path(__file__).parent / "ranks"
 
@@ -132,6 +137,62 @@ def pid_alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+# ------------------------------------------------------- in-process plans, records, clocks
+
+
+class FakeClock:
+    """Seconds under the test's hand: pass it where the code takes a ``clock`` (or ``wall``)."""
+
+    def __init__(self, start: float = 100.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def make_plan(tmp_path: Path, argv: Sequence[str], world: int, *, run_id: str = "test",
+              grace: float = 5.0, **spec: Any) -> Plan:
+    """The plan of an in-process ``Session``: ``argv`` on ``world`` ranks of one node, files in
+    ``tmp_path/run`` (made here), an envelope there; ``spec``: other LaunchSpec fields."""
+    from forgelm_tui.engine.spec import LaunchSpec
+    from forgelm_tui.plan import Plan, RunInfo
+    from forgelm_tui.verdict import Contract
+
+    run_spec = LaunchSpec(argv=tuple(argv), run_id=run_id, run_dir=tmp_path / "run",
+                          nproc_per_node=world, master_addr="127.0.0.1", master_port=29999,
+                          grace=grace, cwd=tmp_path, **spec)
+    run_spec.run_dir.mkdir()
+    info = RunInfo(run_id=run_id, command=["forgelm-tui", *argv], mode="script",
+                   contract=Contract.FORGELM, world_size=world)
+    return Plan(spec=run_spec, info=info, envelope_paths=[run_spec.run_dir / "envelope.json"])
+
+
+def rk(rank: int, code: int | None = None, sig: int | None = None, t: float = 1.0,
+       signalled: bool = False, *, outside: bool = False, forwarded: bool = False,
+       crash: tuple[str, str] | None = None, node: int = 0) -> RankEnding:
+    """A rank's ending, as the verdict tables write it: exit ``code`` or death by ``sig`` at
+    monotonic ``t``; ``signalled`` by the supervisor first, an ``outside`` stop signal,
+    ``forwarded`` death, an uncaught ``crash`` (type, message), on machine ``node``."""
+    from forgelm_tui.verdict import RankEnding
+
+    return RankEnding(rank, code, sig, t, signalled, outside, forwarded_death=forwarded,
+                      crash=crash, node_rank=node)
+
+
+
+def rank_record(rank: int, run_dir: str | Path = "/runs/x", **fields: Any) -> RankRecord:
+    """The engine's record of rank ``rank`` (local rank the same, node 0), its files named as
+    the engine names them in ``run_dir``; ``fields``: the record's other fields."""
+    from forgelm_tui.engine.records import RankRecord
+
+    return RankRecord(rank, rank, 0, f"{run_dir}/rank-{rank}.stdout.log",
+                      f"{run_dir}/rank-{rank}.stderr.log", f"{run_dir}/rank-{rank}.error.json",
+                      **fields)
+
+
 @pytest.fixture
 def marks(tmp_path: Path) -> Path:
     path = tmp_path / "marks"
@@ -151,6 +212,22 @@ def ready_pids(marks: Path, ranks: int) -> list[int]:
     return list(wait_for(all_ready, 30, f"{ranks} ranks to be ready"))
 
 
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny random-weight model (tests/forgelm_job.py), built once per test session: in the
+    base temp dir every xdist worker shares, under a lock, so the second worker reuses it."""
+    import fcntl
+
+    from forgelm_job import build_tiny_model
+
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # pytest-<n>/, the parent of every worker's own base
+    with open(shared / "tiny-model.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return build_tiny_model(shared / "tiny-model")
+
+
 @pytest.fixture
 def term(tmp_path: Path) -> Iterator[Any]:
     """A tmux terminal (tests/tmux_terminal.py); whatever it started is reaped after the test."""
@@ -165,8 +242,12 @@ def term(tmp_path: Path) -> Iterator[Any]:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Start ruff and mypy in the session's main process when test_lint will run (the whole
+    """Mark everything this process starts so that it dies with it (tests/worker_watchdog.py),
+    then start ruff and mypy in the session's main process when test_lint will run (the whole
     suite, or test_lint named): they overlap the tests that wait on rank processes."""
+    from worker_watchdog import start_watchdog
+
+    start_watchdog()
     if hasattr(config, "workerinput"):
         return  # an xdist worker: the controller started them, the environment says where
     named = [str(arg) for arg in config.args]
@@ -177,5 +258,5 @@ def pytest_configure(config: pytest.Config) -> None:
         start_lint_jobs()
 
 
-__all__ = ["RANKS", "Run", "pid_alive", "rank_script", "ready_pids", "run_cli", "signal", "start",
-           "wait_for"]
+__all__ = ["RANKS", "FakeClock", "Run", "make_plan", "pid_alive", "rank_record", "rank_script",
+           "ready_pids", "rk", "run_cli", "signal", "start", "wait_for"]

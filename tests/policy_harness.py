@@ -7,18 +7,12 @@ import signal
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from conftest import FakeClock, rank_record
+
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.events import Purpose, SignalSent
 from forgelm_tui.engine.policy import PolicySettings, StopPolicy
 from forgelm_tui.engine.records import RankRecord
-
-
-class FakeClock:
-    def __init__(self, start: float = 100.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class FakeTimers:
@@ -109,8 +103,7 @@ def harness(world: int = 2, **settings: float | None) -> Harness:
     effects = Effects(clock=clock)
     records = {}
     for rank in range(world):
-        record = RankRecord(rank, rank, 0, f"r{rank}.out", f"r{rank}.err", f"r{rank}.json")
-        record.pid = 1000 + rank
+        record = rank_record(rank, pid=1000 + rank)
         record.started_mono = record.last_progress_mono = clock.now
         records[rank] = record
     policy = StopPolicy(records, PolicySettings(**settings), effects, timers,  # type: ignore[arg-type]

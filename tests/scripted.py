@@ -10,9 +10,12 @@ from __future__ import annotations
 import asyncio
 import math
 import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import conftest
 
 from forgelm_tui import envelope as env_mod
 from forgelm_tui.ending import RunEnding
@@ -27,17 +30,11 @@ T0 = 1_796_040_000.0  # a fixed epoch second, so every rendered time is the same
 HANDLES_USR = 1 << (signal.SIGUSR1 - 1) | 1 << (signal.SIGUSR2 - 1)  # SigCgt of the scripted ranks
 
 
-class FakeClock:
-    """Wall-clock seconds under the test's control."""
+class FakeClock(conftest.FakeClock):
+    """The shared fake clock, from T0: wall-clock seconds under the test's control."""
 
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
+    def __init__(self, start: float = T0) -> None:
+        super().__init__(start)
 
 
 class ScriptedRun:
@@ -94,11 +91,16 @@ def _state(run: ScriptedRun, rank: int, state: RankState) -> None:
     run.emit(ev.RankStateChanged(rank, state))
 
 
-def start_ranks(run: ScriptedRun, clock: FakeClock, quiet: int | None = None) -> None:
+def _launched(run: ScriptedRun) -> None:
+    """The run and every rank started at T0, every rank running."""
     run.emit(ev.RunStarted(run.run_id, run.world_size, ("python",), "/runs/x", T0))
     for rank in range(run.world_size):
         run.emit(ev.RankStarted(rank, rank, 41000 + rank, T0))
         _state(run, rank, RankState.RUNNING)
+
+
+def start_ranks(run: ScriptedRun, clock: FakeClock, quiet: int | None = None) -> None:
+    _launched(run)
     clock.advance(95 - 7.5)
     for step in range(2, 31, 2):  # 4 steps/s over the last 7.5 s: a loss curve and a pace
         for rank in range(run.world_size):
@@ -164,10 +166,7 @@ def state_cancelling(run: ScriptedRun, clock: FakeClock) -> None:
 def state_training(run: ScriptedRun, clock: FakeClock) -> None:
     """4 ranks half-way through 1200 steps at 10 steps/s, rank 3 15 steps behind: the bars,
     the pace and the loss curves."""
-    run.emit(ev.RunStarted(run.run_id, run.world_size, ("python",), "/runs/x", T0))
-    for rank in range(run.world_size):
-        run.emit(ev.RankStarted(rank, rank, 41000 + rank, T0))
-        _state(run, rank, RankState.RUNNING)
+    _launched(run)
     clock.advance(60)
     for report in range(1, 121):
         for rank in range(run.world_size):
@@ -188,9 +187,8 @@ def _records(world: int, ends: dict[int, tuple[int | None, int | None, float, li
     records = []
     for rank in range(world):
         code, sig, end, sent = ends[rank]
-        record = RankRecord(rank, rank, 0, f"/runs/x/rank-{rank}.stdout.log",
-                            f"/runs/x/rank-{rank}.stderr.log", f"/runs/x/rank-{rank}.error.json",
-                            pid=41000 + rank, started_at=T0, started_mono=0.0)
+        record = conftest.rank_record(rank, "/runs/x", pid=41000 + rank, started_at=T0,
+                                      started_mono=0.0)
         record.signals_sent.extend(sent)
         record.mark_exit(-sig if sig else int(code or 0))
         record.ended_at, record.ended_mono = T0 + end, end
@@ -292,6 +290,16 @@ STATES: dict[str, tuple[int, Callable[..., Any]]] = {
     "training": (4, state_training),
 }
 ENDED = ("failed", "approval", "crashed")  # states that finish the run
+
+
+async def pilot_wait_for(pilot: Any, condition: Callable[[], Any], what: str,
+                         timeout: float = 10.0) -> None:
+    """Let the app run until ``condition`` holds (conftest.wait_for, for a Pilot)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await pilot.pause(0.02)
 
 
 def scripted_app(name: str, *, envelope_dir: Path | None = None,

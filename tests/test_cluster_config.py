@@ -20,6 +20,9 @@ STEP = {"SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_NODEID": "1",
         "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NUM_TASKS": "2",
         "SLURM_STEP_TASKS_PER_NODE": "1(x2)", "SLURM_STEP_NODELIST": "gpu[01-02]",
         "SLURM_JOB_ID": "1234"}
+ONE_NODE_STEP = {**STEP, "SLURM_STEP_NUM_NODES": "1", "SLURM_STEP_NUM_TASKS": "1",
+                 "SLURM_STEP_TASKS_PER_NODE": "1", "SLURM_NODEID": "0", "SLURM_PROCID": "0",
+                 "SLURM_STEP_NODELIST": "gpu01"}
 
 
 def ns(*args: str) -> argparse.Namespace:
@@ -200,18 +203,12 @@ def test_flags_win_over_slurm(scontrol: Path) -> None:
 
 
 def test_one_node_step_is_no_cluster(scontrol: Path) -> None:
-    one = {**STEP, "SLURM_STEP_NUM_NODES": "1", "SLURM_STEP_NUM_TASKS": "1",
-           "SLURM_STEP_TASKS_PER_NODE": "1", "SLURM_NODEID": "0", "SLURM_PROCID": "0",
-           "SLURM_STEP_NODELIST": "gpu01"}
-    assert config(env=one) is None
+    assert config(env=ONE_NODE_STEP) is None
 
 
 def test_one_node_step_needs_no_scontrol(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))  # no scontrol, as inside a container
-    one = {**STEP, "SLURM_STEP_NUM_NODES": "1", "SLURM_STEP_NUM_TASKS": "1",
-           "SLURM_STEP_TASKS_PER_NODE": "1", "SLURM_NODEID": "0", "SLURM_PROCID": "0",
-           "SLURM_STEP_NODELIST": "gpu01"}
-    assert config(env=one) is None
+    assert config(env=ONE_NODE_STEP) is None
 
 
 def test_outside_an_srun_step_slurm_is_ignored(scontrol: Path) -> None:

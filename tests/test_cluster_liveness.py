@@ -7,6 +7,7 @@ import signal
 from typing import Any
 
 import pytest
+from conftest import rk
 
 from forgelm_tui.cluster import agreement
 from forgelm_tui.cluster.liveness import Liveness
@@ -141,11 +142,6 @@ def test_beat_reports_a_change_only_for_ranks_or_state() -> None:
 
 
 # ---------------------------------------------------------------------- the global verdict
-
-
-def rk(rank: int, code: int | None = None, sig: int | None = None, t: float = 1.0,
-       signalled: bool = False) -> RankEnding:
-    return RankEnding(rank, code, sig, t, signalled)
 
 
 def stop(kind: StopKind, origin_rank: int | None = None, origin_node: int = 0,

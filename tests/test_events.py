@@ -6,13 +6,12 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import rank_script
+from conftest import make_plan, rank_script, run_cli
 
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.codec import DecodeError, from_wire, to_wire
@@ -24,12 +23,10 @@ from forgelm_tui.engine.events import (
     SignalSent,
     Stream,
 )
-from forgelm_tui.engine.spec import LaunchSpec
-from forgelm_tui.plan import Plan, RunInfo
 from forgelm_tui.run import Session
 from forgelm_tui.signames import signal_name, signal_number
 from forgelm_tui.tui.model import RunModel
-from forgelm_tui.verdict import Contract, StopKind, Verdict
+from forgelm_tui.verdict import StopKind, Verdict
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -111,16 +108,6 @@ def test_every_signal_number_has_a_name_and_back() -> None:
 # ---------------------------------------------------------------------- snapshot + events
 
 
-def _plan(tmp_path: Path, argv: list[str], world: int) -> Plan:
-    spec = LaunchSpec(argv=tuple(argv), run_id="snap", run_dir=tmp_path / "run",
-                      nproc_per_node=world, master_addr="127.0.0.1", master_port=29999,
-                      grace=5.0, cwd=tmp_path)
-    spec.run_dir.mkdir()
-    info = RunInfo(run_id="snap", command=["forgelm-tui", *argv], mode="script",
-                   contract=Contract.FORGELM, world_size=world)
-    return Plan(spec=spec, info=info, envelope_paths=[spec.run_dir / "envelope.json"])
-
-
 def _view(model: RunModel) -> dict[int, tuple[Any, ...]]:
     return {r.rank: (r.state, r.exit_code, r.signal, r.step, r.total, r.metrics, r.last_line,
                      r.pid, r.evidence) for r in model.ranks.values()}
@@ -132,7 +119,7 @@ def _verdict(model: RunModel) -> Any:
 
 def test_a_viewer_from_a_mid_run_snapshot_sees_what_a_full_viewer_sees(tmp_path: Path) -> None:
     argv = [sys.executable, rank_script("progress_then_fail.py")]
-    session = Session(_plan(tmp_path, argv, 3))
+    session = Session(make_plan(tmp_path, argv, 3, run_id="snap"))
     clock = lambda: 2_000_000_000.0  # noqa: E731  one injected clock for both viewers
     full = RunModel("snap", argv, 3, clock)
     late = RunModel("snap", argv, 3, clock)
@@ -164,20 +151,18 @@ def test_a_viewer_from_a_mid_run_snapshot_sees_what_a_full_viewer_sees(tmp_path:
 
 
 def test_a_rank_killed_by_signal_40_stops_its_peer_and_is_named(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "forgelm_tui", "--no-tui", "--run-dir", str(tmp_path / "run"),
-         "--nproc-per-node", "2", "--grace", "5", rank_script("die_of_signal.py"), "1", "40"],
-        capture_output=True, text=True, timeout=50, cwd=tmp_path,
-        env={**__import__("os").environ, "CI": "true"})
-    assert proc.returncode == 2, proc.stderr
-    assert "Traceback" not in proc.stdout + proc.stderr
-    envelope = json.loads((tmp_path / "run" / "envelope.json").read_text())
+    run = run_cli(["--nproc-per-node", "2", "--grace", "5", rank_script("die_of_signal.py"), "1",
+                   "40"], tmp_path, timeout=50)
+    out, err = run.output()
+    assert run.proc.returncode == 2, err
+    assert "Traceback" not in out + err
+    envelope = run.envelope()
     assert envelope["decided_by"]["rank"] == 1 and envelope["decided_by"]["rule"] == 2
     assert "SIGRTMIN+6" in envelope["decided_by"]["explanation"]
     assert envelope["ranks"][1]["signal"] == "SIGRTMIN+6"
     peer = envelope["ranks"][0]
     assert peer["signalled_by_supervisor"] is True and peer["signal"] == "SIGTERM"
-    assert "rank 1 killed by SIGRTMIN+6" in proc.stdout
+    assert "rank 1 killed by SIGRTMIN+6" in out
 
 
 def test_the_channel_protocol_decodes_what_it_can_and_drops_the_rest() -> None:

@@ -15,12 +15,12 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from conftest import rank_record
 from fake_nvml.state import FAKE_DIR, GIB, device, process, write_state
 
 from forgelm_tui.engine import gpu
 from forgelm_tui.engine.gpu import GpuSampler, PidOwners
 from forgelm_tui.engine.gpu_visible import visible_count
-from forgelm_tui.engine.records import RankRecord
 from forgelm_tui.engine.sampler import GpuFold, SamplingLoop
 from forgelm_tui.options import UsageError, parse_count
 
@@ -227,7 +227,7 @@ def test_header_devices_are_the_visible_ones_and_those_ranks_hold(
 
 def test_the_fold_keeps_every_device_held_and_the_peak(fake: FakeNvml) -> None:
     _, state = fake
-    record = RankRecord(0, 0, 0, "o", "e", "f", pid=100, started_mono=1.0)
+    record = rank_record(0, pid=100, started_mono=1.0)
     events: list[object] = []
     fold = GpuFold({0: record}, events.append)
     sampler = open_sampler()

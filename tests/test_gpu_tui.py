@@ -22,12 +22,14 @@ from forgelm_tui.tui.widgets.run_header import RunHeader
 
 pytestmark = pytest.mark.timeout(60)
 SIZE = (170, 42)
+
+
 def cell(table: RankTable, rank: int, key: str) -> str:
     return str(table.get_cell(str(rank), key))
 
 
-async def test_gpu_columns_and_the_header_line() -> None:
-    app, _, prepare = gpu_app(sample(devices(), RUNNING, MEMORY))
+async def test_gpu_columns_header_line_a_moved_rank_and_a_lost_device() -> None:
+    app, run, prepare = gpu_app(sample(devices(), RUNNING, MEMORY))
     async with app.run_test(size=SIZE) as pilot:
         await prepare(pilot)
         table = app.query_one(RankTable)
@@ -38,13 +40,7 @@ async def test_gpu_columns_and_the_header_line() -> None:
         header = region_text(app, app.query_one(RunHeader))
         assert len(header) == 3
         assert header[2].strip().startswith("gpu0 97% 40/80G · gpu1 94% 45/80G · gpu2")
-
-
-async def test_a_moved_rank_is_shown_on_its_new_device_and_a_lost_one_as_lost() -> None:
-    app, run, prepare = gpu_app(sample(devices(), RUNNING, MEMORY))
-    async with app.run_test(size=SIZE) as pilot:
-        await prepare(pilot)
-        table = app.query_one(RankTable)
+        # A rank moved to another device, one left its device, a device was lost.
         lost = devices(d7={"lost": True, "utilization": None, "memory_used": None})
         run.emit(sample(lost, RUNNING | {1: 0, 2: None}, MEMORY))
         app.refresh_table()

@@ -9,6 +9,7 @@ import math
 import random
 
 import pytest
+from conftest import rank_record
 from scripted import FakeClock, ScriptedRun, state_failed
 
 from forgelm_tui.engine import codec
@@ -104,8 +105,7 @@ def test_a_restored_history_goes_on_bounded() -> None:
 
 
 def _record(steps: int) -> RankRecord:
-    record = RankRecord(0, 0, 0, "/r/rank-0.stdout.log", "/r/rank-0.stderr.log", "/r/e.json",
-                        pid=4242, started_at=1.0, started_mono=1.0)
+    record = rank_record(0, "/r", pid=4242, started_at=1.0, started_mono=1.0)
     for step in range(1, steps + 1):
         record.history.add(step, {"loss": 3.0 / step, "lr": 0.01})
     return record

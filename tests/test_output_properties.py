@@ -13,13 +13,13 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from conftest import rank_record
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.output import OutputDrain
 from forgelm_tui.engine.progress import ProgressReader
-from forgelm_tui.engine.records import RankRecord
 from forgelm_tui.engine.sanitize import MAX_LINE_CHARS, LineSplitter, sanitize_line
 
 pytestmark = pytest.mark.timeout(120)
@@ -82,8 +82,7 @@ def _complete(pieces: list[bytes]) -> list[str]:
 
 def _drain(chunk_list: list[bytes], run_dir: Path) -> tuple[bytes, list[Any]]:
     """Chunks written to a real pipe, drained by the engine's OutputDrain on a real loop."""
-    record = RankRecord(0, 0, 0, str(run_dir / "out.log"), str(run_dir / "err.log"),
-                        str(run_dir / "error.json"))
+    record = rank_record(0, run_dir)
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     os.close(err_w)

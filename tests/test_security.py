@@ -139,32 +139,24 @@ def test_private_dirs_and_files_ignore_the_umask(tmp_path: Path) -> None:
     assert _mode(tmp_path / "a" / "b" / "envelope.json") == 0o600
 
 
-def test_run_dir_0700_logs_and_envelope_0600(tmp_path: Path) -> None:
+def test_runs_root_run_dir_logs_and_envelopes_are_private_whatever_the_umask(
+        tmp_path: Path) -> None:
+    """The default runs root and the run dir in it 0700, the logs and every envelope 0600."""
     extra = tmp_path / "out" / "envelope.json"
-    run_dir = tmp_path / "runs" / "one"
-    done = subprocess.run([sys.executable, "-m", "forgelm_tui", "--no-tui", "--run-dir",
-                           str(run_dir), "--nproc-per-node", "2", "--envelope", str(extra),
-                           rank_script("exit_with.py"), "0"], cwd=tmp_path, env=cli_env(),
-                          capture_output=True, text=True, timeout=60,
-                          preexec_fn=lambda: os.umask(0))  # nothing may rely on the umask
-    assert done.returncode == 0, done.stderr
-    assert _mode(run_dir) == _mode(run_dir.parent) == 0o700
-    for rank in (0, 1):
-        for stream in ("stdout", "stderr"):
-            assert _mode(run_dir / f"rank-{rank}.{stream}.log") == 0o600
-    assert _mode(run_dir / "envelope.json") == 0o600
-    assert _mode(extra) == 0o600
-
-
-def test_default_runs_root_is_private(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "forgelm_tui", "--no-tui", "--nproc-per-node",
-                           "1", rank_script("exit_with.py"), "0"], cwd=tmp_path,
-                          env=cli_env(), capture_output=True, text=True, timeout=60)
+                           "2", "--envelope", str(extra), rank_script("exit_with.py"), "0"],
+                          cwd=tmp_path, env=cli_env(), capture_output=True, text=True,
+                          timeout=60, preexec_fn=lambda: os.umask(0))  # nothing may rely on it
     assert done.returncode == 0, done.stderr
     root = tmp_path / "forgelm-tui-runs"
     assert _mode(root) == 0o700
     (run_dir,) = root.iterdir()
     assert _mode(run_dir) == 0o700
+    for rank in (0, 1):
+        for stream in ("stdout", "stderr"):
+            assert _mode(run_dir / f"rank-{rank}.{stream}.log") == 0o600
+    assert _mode(run_dir / "envelope.json") == 0o600
+    assert _mode(extra.parent) == 0o700 and _mode(extra) == 0o600
 
 
 # ------------------------------------------------------------------ secrets in the command line

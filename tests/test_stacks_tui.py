@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 from rich.console import Console
-from scripted import ScriptedRun
+from scripted import ScriptedRun, pilot_wait_for
 from scripted import scripted_app as make_app
+from textual.command import CommandList, CommandPalette
 
 from forgelm_tui.engine import events as ev
 from forgelm_tui.tui.screens.stacks import NOT_HERE, stacks_command, stacks_notice
@@ -28,6 +29,16 @@ class StacksRun(ScriptedRun):
 
 def _notices(app: Any) -> list[str]:
     return [str(n.message) for n in app._notifications]
+
+
+def _palette_offers(app: Any, command: str) -> bool:
+    """The command palette is open with ``command`` highlighted (so enter runs it)."""
+    if not isinstance(app.screen, CommandPalette):
+        return False
+    options = app.screen.query_one(CommandList)
+    highlighted = options.highlighted
+    return highlighted is not None and str(
+        options.get_option_at_index(highlighted).prompt).startswith(command)
 
 
 async def test_t_asks_the_run_for_every_rank_s_stacks_and_shows_where_they_are() -> None:
@@ -57,7 +68,8 @@ async def test_the_palette_has_capture_stacks_and_a_viewer_without_it_says_so() 
         await prepare(pilot)
         await pilot.press("ctrl+p")
         await pilot.press(*"Capture stacks")
-        await pilot.pause(0.3)
+        await pilot_wait_for(pilot, lambda: _palette_offers(app, "Capture stacks"),
+                             "the palette to offer Capture stacks")
         await pilot.press("enter")
         await pilot.pause()
         assert NOT_HERE in _notices(app)

@@ -17,17 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import rank_script, ready_pids, start
+from conftest import FakeClock, make_plan, rank_script, ready_pids, start
 
 from forgelm_tui import envelope as env_mod
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine import output
 from forgelm_tui.engine.logfile import RETRY_EVERY, LogFile, LogLoss
-from forgelm_tui.engine.spec import LaunchSpec
-from forgelm_tui.plan import Plan, RunInfo
 from forgelm_tui.run import Session
 from forgelm_tui.storage import not_kept_line
-from forgelm_tui.verdict import Contract
 
 pytestmark = pytest.mark.timeout(90)
 ROOT = os.geteuid() == 0
@@ -55,22 +52,14 @@ class FakeDisk:
         return count
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def _log(disk: FakeDisk, clock: Clock, told: list[LogLoss]) -> LogFile:
+def _log(disk: FakeDisk, clock: FakeClock, told: list[LogLoss]) -> LogFile:
     return LogFile(-1, 1, "stdout", "/runs/x/rank-1.stdout.log", on_loss=told.append,
                    write=disk, clock=clock, wall=lambda: 1_700_000_000.0 + clock.now)
 
 
 @pytest.mark.fault("F29")
 def test_a_full_disk_counts_what_it_lost_and_never_raises() -> None:
-    disk, clock, told = FakeDisk(room=150), Clock(), []
+    disk, clock, told = FakeDisk(room=150), FakeClock(), []
     log = _log(disk, clock, told)
     assert log.write(b"a" * 100) == 100
     assert log.write(b"b" * 100) == 50  # a short write, then ENOSPC on the rest
@@ -97,7 +86,7 @@ def test_a_full_disk_counts_what_it_lost_and_never_raises() -> None:
 @pytest.mark.fault("F30")
 @pytest.mark.parametrize("code", [errno.EACCES, errno.EROFS, errno.EIO, errno.EDQUOT])
 def test_every_write_error_is_a_loss_not_a_crash(code: int) -> None:
-    disk, clock, told = FakeDisk(room=0, error=code), Clock(), []
+    disk, clock, told = FakeDisk(room=0, error=code), FakeClock(), []
     log = _log(disk, clock, told)
     assert log.write(b"x" * 64) == 0
     assert log.loss is not None and log.loss.bytes_lost == 64
@@ -144,16 +133,6 @@ def test_an_envelope_place_that_fails_never_stops_the_others(tmp_path: Path) -> 
 # ------------------------------------------------------------------ in-process, any user
 
 
-def _plan(tmp_path: Path, argv: list[str], world: int) -> Plan:
-    spec = LaunchSpec(argv=tuple(argv), run_id="full", run_dir=tmp_path / "run",
-                      nproc_per_node=world, master_addr="127.0.0.1", master_port=29999,
-                      grace=5.0, cwd=tmp_path)
-    spec.run_dir.mkdir()
-    info = RunInfo(run_id="full", command=["forgelm-tui", *argv], mode="script",
-                   contract=Contract.FORGELM, world_size=world)
-    return Plan(spec=spec, info=info, envelope_paths=[spec.run_dir / "envelope.json"])
-
-
 @pytest.fixture
 def full_disk(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Every rank log takes 4 KiB, then fails with ENOSPC (the other files are real)."""
@@ -175,8 +154,8 @@ def _real_write(disk: FakeDisk, fd: int, data: memoryview) -> int:
 def test_ranks_drain_and_views_get_every_line_when_the_logs_fail(tmp_path: Path,
                                                                  full_disk: None) -> None:
     lines = 20_000
-    session = Session(_plan(tmp_path, [sys.executable, rank_script("flood.py"), str(lines), "3"],
-                            2))
+    argv = [sys.executable, rank_script("flood.py"), str(lines), "3"]
+    session = Session(make_plan(tmp_path, argv, 2))
     shown = {0: 0, 1: 0}
     told: list[ev.LogNotKept] = []
 

@@ -18,8 +18,8 @@ pytestmark = pytest.mark.timeout(60)
 SIZE = (170, 42)
 
 
-async def test_bars_pace_and_curves_show_while_training() -> None:
-    app, _, prepare = scripted_app("training")
+async def test_bars_pace_and_curves_show_while_training_drawn_once_a_second() -> None:
+    app, run, prepare = scripted_app("training")
     async with app.run_test(size=SIZE) as pilot:
         await prepare(pilot)
         table = app.query_one(RankTable)
@@ -31,16 +31,10 @@ async def test_bars_pace_and_curves_show_while_training() -> None:
         assert panel.display and [c.key for c in panel.shown] == ["run", "0", "1", "2", "3"]
         rows = list(app.query(CurveRow))
         assert len(rows) == 2 and panel.columns == 3  # 170 columns: 3 curves a row
-        drawn = [curve for row in rows for curve in row.curves]
-        assert [c.label for c in drawn] == ["run", "rank 0", "rank 1", "rank 2", "rank 3"]
-        assert all(len(c.values) >= 100 for c in drawn)  # 120 reports, none dropped yet
-
-
-async def test_the_curves_refresh_at_most_once_a_second() -> None:
-    app, run, prepare = scripted_app("training")
-    async with app.run_test(size=SIZE) as pilot:
-        await prepare(pilot)
-        panel = app.query_one(CurvePanel)
+        curves = [curve for row in rows for curve in row.curves]
+        assert [c.label for c in curves] == ["run", "rank 0", "rank 1", "rank 2", "rank 3"]
+        assert all(len(c.values) >= 100 for c in curves)  # 120 reports, none dropped yet
+        # New steps redraw the curves at most once a second.
         panel.timer.pause()  # its own 1 Hz tick would draw on the same clock: the test's alone
         now = [1000.0]
         panel.clock, panel.drawn_at = (lambda: now[0]), None

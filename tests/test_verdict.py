@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 
 import pytest
+from conftest import rk
 
 from forgelm_tui.verdict import (
     Contract,
@@ -18,11 +19,6 @@ from forgelm_tui.verdict import (
 
 F, R = Contract.FORGELM, Contract.RAW
 TERM, KILL, INT, USR1 = signal.SIGTERM, signal.SIGKILL, signal.SIGINT, signal.SIGUSR1
-
-
-def rk(rank: int, code: int | None = None, sig: int | None = None, t: float = 1.0,
-       signalled: bool = False, outside: bool = False, forwarded: bool = False) -> RankEnding:
-    return RankEnding(rank, code, sig, t, signalled, outside, forwarded_death=forwarded)
 
 
 CANCEL_INT = StopFacts(StopKind.CANCEL, INT)

@@ -4,20 +4,16 @@ from __future__ import annotations
 
 import signal
 
+from conftest import rk
+
 from forgelm_tui.cluster import agreement
 from forgelm_tui.cluster.wire import ending_from_wire, ending_to_wire
-from forgelm_tui.verdict import Contract, RankEnding, StopFacts, StopKind, decide
+from forgelm_tui.verdict import Contract, StopFacts, StopKind, decide
 
 F, R = Contract.FORGELM, Contract.RAW
 ABRT, TERM = signal.SIGABRT, signal.SIGTERM
 FAIL = StopFacts(StopKind.FAILURE)
 CRASH = ("RuntimeError", "rank 1: boom")
-
-
-def rk(rank: int, code: int | None = None, sig: int | None = None, t: float = 1.0,
-       signalled: bool = False, crash: tuple[str, str] | None = None,
-       node: int = 0) -> RankEnding:
-    return RankEnding(rank, code, sig, t, signalled, crash=crash, node_rank=node)
 
 
 def test_forgelm_mode_failure_after_rank0_outcome_is_collateral() -> None:
