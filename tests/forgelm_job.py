@@ -12,6 +12,7 @@ Everything is built locally — no model weights or datasets are downloaded:
   (operator identity, offline flags, single-threaded BLAS, private HF cache).
 * :func:`forgelm_cmd` / :func:`torchrun_cmd` / :func:`rank_env` build a run.
 * :func:`result_envelope` / :func:`read_audit_log` read back what ForgeLM wrote.
+* :func:`recording_cli_cmd`: the forgelm-tui CLI, recording every progress event it shows.
 
 Only the standard library is imported at module level: ``torch`` /
 ``transformers`` / ``tokenizers`` are imported lazily inside
@@ -451,6 +452,39 @@ def torchrun_cmd(
         cmd += ["--log-dir", str(log_dir), "--redirects", "3"]
     cmd += ["-m", "forgelm.cli", "--config", str(config), "--output-format", "json"]
     return [*cmd, *extra_args]
+
+
+def recording_cli_cmd(events: Path, *args: str) -> list[str]:
+    """``python -m forgelm_tui ARGS``, the CLI unchanged, that also appends every
+    ``RankProgressed`` event of its session to ``events`` (JSON lines: rank, step, total,
+    source): what a rank showed as its step all along, not only at the end."""
+    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
+            "import forgelm_job; forgelm_job.recording_cli()")
+    return [PYTHON, "-c", code, str(events), *args]
+
+
+def recording_cli() -> None:
+    """``python -c ... EVENTS ARGS`` (:func:`recording_cli_cmd`): ``forgelm_tui.cli.entry``."""
+    events, *args = sys.argv[1:]
+    from forgelm_tui import cli, run
+    from forgelm_tui.engine import events as ev
+
+    sink = open(events, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 (until os._exit)
+
+    def record(event: ev.Event) -> None:
+        if isinstance(event, ev.RankProgressed):
+            sink.write(json.dumps({"rank": event.rank, "step": event.step, "total": event.total,
+                                   "source": str(event.source)}) + "\n")
+
+    session_init = run.Session.__init__
+
+    def init(self: run.Session, *a: Any, **kw: Any) -> None:
+        session_init(self, *a, **kw)
+        self.subscribe(record)
+
+    run.Session.__init__ = init  # type: ignore[method-assign]
+    sys.argv = [sys.argv[0], *args]
+    cli.entry()
 
 
 def free_port() -> int:

@@ -10,43 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from forgelm_job import job_env, make_job
+from forgelm_job import job_env, make_job, recording_cli_cmd
 
 STEP = re.compile(r"\|\s*[1-9]\d+/\d+ \[")  # HF's tqdm bar past step 10
+STEPS = 40  # the approval run: evaluated and saved every 10 steps
 pytestmark = [pytest.mark.forgelm, pytest.mark.timeout(240)]
-
-
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from forgelm_job import build_tiny_model
-
-    return build_tiny_model(tmp_path_factory.mktemp("model") / "tiny-model")
-
-
-def test_two_rank_forgelm_awaiting_approval(tmp_path: Path, tiny_model: Path) -> None:
-    job = make_job(tmp_path / "job", require_human_approval=True, model_dir=tiny_model)
-    run_dir = tmp_path / "run"
-    proc = subprocess.run(
-        [sys.executable, "-m", "forgelm_tui", "--no-tui", "--nproc-per-node", "2",
-         "--run-dir", str(run_dir), "--output-format", "json",
-         "--config", str(job.config)],
-        cwd=job.dir, env=job_env(job.dir), capture_output=True, text=True, timeout=220,
-    )
-    assert proc.returncode == 4, proc.stderr[-3000:]
-    envelope = json.loads(proc.stdout)
-    assert envelope["exit_code"] == 4
-    assert envelope["exit_name"] == "EXIT_AWAITING_APPROVAL"
-    assert envelope["mode"] == "forgelm"
-    assert envelope["rank_command"][-2:] == ["--output-format", "json"]
-    assert envelope["result"]["awaiting_approval"] is True
-    assert envelope["result"]["success"] is True
-    assert envelope["result"]["staging_path"].startswith(str(job.output_dir))
-    rank_results = [r["forgelm_result"] for r in envelope["ranks"]]
-    assert all(r and r["awaiting_approval"] for r in rank_results)
-    assert rank_results[0]["run_id"] != rank_results[1]["run_id"]  # ForgeLM has no rank awareness
-    last_exit = job.output_dir / "last_exit.json"
-    assert json.loads(last_exit.read_text()) == envelope
-    assert json.loads((run_dir / "envelope.json").read_text()) == envelope
 
 
 def test_cancelled_forgelm_leaves_pipeline_failed_per_rank(tmp_path: Path,
@@ -90,19 +58,38 @@ def test_cancelled_forgelm_leaves_pipeline_failed_per_rank(tmp_path: Path,
         assert rank["forgelm_result"] is not None and rank["forgelm_result"]["success"] is False
 
 
-def test_two_node_forgelm_awaiting_approval(tmp_path: Path, tiny_model: Path) -> None:
-    """2 nodes x 1 rank (SPEC §8): each node's supervisor returns 4 and writes the same
-    envelope (but for its node-local fields); last_exit.json where the output dir is."""
-    from cluster_nodes import free_port_pair
+def test_two_node_forgelm_awaiting_approval_shows_every_training_step(
+        tmp_path: Path, tiny_model: Path) -> None:
+    """2 nodes x 1 rank (SPEC §8), ``--output-format json``: each node's supervisor returns 4
+    (awaiting approval) and writes the same envelope (but for its node-local fields), also as
+    last_exit.json where the output dir is, and prints it as JSON on stdout.
 
-    job = make_job(tmp_path / "job", require_human_approval=True, model_dir=tiny_model)
+    Progress: the graceful runner adds the progress callback to ForgeLM's Trainer (ForgeLM
+    unchanged), so both ranks report their steps on the channel and send heartbeats while
+    ForgeLM evaluates (a baseline before training, ``auto_revert``), evaluates and saves every
+    10 steps, and evaluates after training: with ``--stall-timeout`` the run is never stalled.
+    Without it, rank 1 showed a datasets ``map`` bar (``7/7``) and rank 0 its last evaluation's
+    bar (``1/1``) as their training progress: every progress event of each node's session is
+    recorded (forgelm_job.recording_cli_cmd), not only the last.
+    """
+    from cluster_nodes import free_port_pair
+    from conftest import dies_with_the_test
+
+    # learning rate 0.02: the final eval loss beats the baseline by far more than the noise
+    # (0.06 against 0.005), so auto_revert's gate passes and the run ends with 4.
+    job = make_job(tmp_path / "job", require_human_approval=True, model_dir=tiny_model,
+                   max_steps=STEPS, extra={
+                       "training": {"eval_steps": 10, "save_steps": 10, "learning_rate": 0.02},
+                       "evaluation": {"auto_revert": True}})
     port = free_port_pair()
+    events = [tmp_path / f"events-{node}.jsonl" for node in (0, 1)]
     procs = [subprocess.Popen(
-        [sys.executable, "-m", "forgelm_tui", "--no-tui", "--nnodes", "2", "--node-rank",
-         str(node), "--master-addr", "127.0.0.1", "--master-port", str(port),
-         "--run-dir", str(tmp_path / "run"), "--config", str(job.config)],
+        recording_cli_cmd(events[node], "--no-tui", "--nnodes", "2", "--node-rank", str(node),
+                          "--master-addr", "127.0.0.1", "--master-port", str(port),
+                          "--stall-timeout", "15", "--run-dir", str(tmp_path / "run"),
+                          "--output-format", "json", "--config", str(job.config)),
         cwd=job.dir, env=job_env(job.dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True) for node in (0, 1)]
+        text=True, preexec_fn=dies_with_the_test) for node in (0, 1)]
     try:
         outputs = [p.communicate(timeout=220) for p in procs]
     finally:
@@ -112,15 +99,35 @@ def test_two_node_forgelm_awaiting_approval(tmp_path: Path, tiny_model: Path) ->
     assert [p.returncode for p in procs] == [4, 4], [o[1][-2000:] for o in outputs]
     envelopes = [json.loads((tmp_path / "run" / f"node-{n}" / "envelope.json").read_text())
                  for n in (0, 1)]
+    assert [json.loads(out) for out, _ in outputs] == envelopes  # stdout: the envelope only
     local = {"node_rank", "run_dir", "command"}
     first, second = ({k: v for k, v in e.items() if k not in local} for e in envelopes)
     assert first == second
     envelope = envelopes[0]
+    assert envelope["exit_code"] == 4
     assert envelope["exit_name"] == "EXIT_AWAITING_APPROVAL"
+    assert envelope["mode"] == "forgelm"
+    assert envelope["rank_command"][-2:] == ["--output-format", "json"]
     assert envelope["result"]["awaiting_approval"] is True
+    assert envelope["result"]["success"] is True
+    assert envelope["result"]["staging_path"].startswith(str(job.output_dir))
+    assert envelope["stop"] is None, (envelope["decided_by"], envelope["stop"])
     assert [r["node_rank"] for r in envelope["ranks"]] == [0, 1]
+    rank_results = [r["forgelm_result"] for r in envelope["ranks"]]
+    assert all(r and r["awaiting_approval"] for r in rank_results)
+    assert rank_results[0]["run_id"] != rank_results[1]["run_id"]  # ForgeLM has no rank awareness
     last_exit = json.loads((job.output_dir / "last_exit.json").read_text())
-    assert last_exit["exit_code"] == 4 and last_exit["nnodes"] == 2
+    assert last_exit in envelopes and last_exit["nnodes"] == 2
+    for rank in envelope["ranks"]:
+        assert rank["stalled"] is False and rank["progress_evidence"] == "steps", rank
+        assert rank["progress"]["source"] == "channel"
+        assert (rank["progress"]["step"], rank["progress"]["total"]) == (STEPS, STEPS)
+    for node in (0, 1):  # never a data-processing or evaluation bar taken for the step
+        seen = [json.loads(line) for line in events[node].read_text().splitlines()]
+        shown = {(e["total"], e["source"]) for e in seen if e["step"] is not None}
+        assert {e["rank"] for e in seen} == {node} and shown == {(STEPS, "channel")}, shown
+    log = (tmp_path / "run" / "node-0" / "rank-0.stderr.log").read_text()
+    assert "| 1/1 [" in log and f"| {STEPS}/{STEPS} [" in log  # the bars were there to be read
 
 
 def test_forgelm_config_error_stays_1(tmp_path: Path) -> None:

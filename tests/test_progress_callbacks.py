@@ -7,16 +7,14 @@ nothing downloaded); a recording channel notes every message and the hook that s
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
+import importlib
+import inspect
 import sys
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 import pytest
-from conftest import rank_script
 
 from forgelm_tui.channel import CHANNEL_ENV, MessageKind
 from forgelm_tui.rank.channel import Channel, Heartbeats
@@ -151,18 +149,38 @@ def test_lightning_callback_beats_at_validation_and_checkpoint(tmp_path: Path) -
 
 
 @pytest.mark.parametrize("channel", [True, False])
-def test_the_graceful_runner_gives_every_trainer_the_callback(tmp_path: Path,
-                                                              channel: bool) -> None:
-    """Only under forgelm-tui (a channel named), only once the program imports transformers."""
+def test_the_graceful_runner_gives_every_trainer_the_callback(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, channel: bool) -> None:
+    """Only under forgelm-tui (a channel named), only once the program imports the Trainer's
+    module: the hook the graceful runner installs before it runs the program (``trainer_hook``)
+    imports nothing itself, and the module's source stays readable (inspect, tracebacks).
+
+    In this process, on a stand-in for ``transformers.trainer`` found by the same import
+    machinery; transformers' own Trainer gets the callback in the real ForgeLM run
+    (test_forgelm_real.py::test_two_node_forgelm_awaiting_approval_shows_every_training_step:
+    every rank's steps come from the channel)."""
     pytest.importorskip("transformers")
-    env = {k: v for k, v in os.environ.items() if k != CHANNEL_ENV}
+    from forgelm_tui.rank import trainer_hook
+    from forgelm_tui.rank.hf import ProgressReportCallback
+
+    name = "stand_in_trainer"
+    (tmp_path / f"{name}.py").write_text("DEFAULT_CALLBACKS = []\n\n\n"
+                                         "def train():\n    return 'trained'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(trainer_hook, "TRAINER_MODULE", name)
     if channel:
-        env[CHANNEL_ENV] = "@forgelm-tui-test-nobody-listens"
-    proc = subprocess.run([sys.executable, "-m", "forgelm_tui.rank.graceful",
-                           rank_script("trainer_probe.py"), str(tmp_path / "out")],
-                          env=env, capture_output=True, text=True, timeout=100)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    probe = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert probe["imported_before"] is False  # the program keeps its own import order
-    assert probe["source_readable"] is True
-    assert ("ProgressReportCallback" in probe["callbacks"]) is channel
+        monkeypatch.setenv(CHANNEL_ENV, "@forgelm-tui-test-nobody-listens")
+    else:
+        monkeypatch.delenv(CHANNEL_ENV, raising=False)
+    meta_path = list(sys.meta_path)
+    try:
+        assert trainer_hook.install() is channel
+        assert name not in sys.modules  # the program keeps its own import order
+        module = importlib.import_module(name)
+        callbacks = module.DEFAULT_CALLBACKS
+        assert callbacks == ([ProgressReportCallback] if channel else [])
+        assert "return 'trained'" in inspect.getsource(module.train)
+        assert sys.meta_path == meta_path  # the hook's finder is gone once it has done its job
+    finally:
+        sys.meta_path[:] = meta_path
+        sys.modules.pop(name, None)

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import rank_script, ready_pids, start
+from conftest import rank_script, start
+from stop_checks import assert_interrupted_from_outside, assert_stopped_together
 
 pytest.importorskip("transformers")
 
@@ -26,86 +27,74 @@ pytestmark = pytest.mark.timeout(75)
 DEADLINE = 60  # from launch to the supervisor's exit, on a loaded 2-core machine
 
 
-def _done(marks: Path, rank: int) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((marks / f"done-{rank}").read_text())
-    return data
-
-
-def _assert_stopped_together(envelope: dict[str, Any], marks: Path, step: int,
-                             signalled: int) -> None:
-    assert envelope["exit_code"] == 2, envelope["decided_by"]
-    assert envelope["decided_by"]["rule"] == 4, (envelope["decided_by"], [
-        (r["rank"], r["exit_code"], r["signal"], r["stderr_tail"]) for r in envelope["ranks"]])
-    assert envelope["decided_by"]["rank"] == signalled
-    assert envelope["outside_signal"] == {"rank": signalled, "signal": "SIGTERM",
-                                          "ranks": [signalled]}
-    for record in envelope["ranks"]:
-        rank = record["rank"]
-        assert record["exit_code"] == 0 and record["signal"] is None, record
-        assert record["signalled_by_supervisor"] is False
-        assert record["stopped_at_step"] == step, record
-        assert record["progress"]["step"] == step and record["progress"]["source"] == "channel"
-        assert record["progress"]["total"] == 300
-        assert isinstance(record["progress"]["metrics"]["loss"], float)
-        assert record["stopped_from_outside"] is (rank == signalled)
-        assert record["reported_signal"] == ("SIGTERM" if rank == signalled else None)
-        done = _done(marks, rank)
-        assert done["global_step"] == step and done["stopped_at_step"] == step, done
-        assert done["stopped"] is True
-        assert done["sigterm_handler_restored"] is True
-    # HF Trainer saved a checkpoint at the agreed step before stopping.
-    checkpoint = marks / "out" / f"checkpoint-{step}"
-    assert (checkpoint / "trainer_state.json").exists()
-    assert json.loads((checkpoint / "trainer_state.json").read_text())["global_step"] == step
-    assert sorted(p.name for p in (marks / "out").iterdir()) == [f"checkpoint-{step}"]
-
-
-def test_sigterm_to_one_rank_stops_every_rank_at_the_same_step(tmp_path: Path,
-                                                                marks: Path) -> None:
-    """Rank 1 sends itself SIGTERM at step 5; rank 0 is never signalled."""
+def test_sigterm_to_one_rank_stops_every_rank_at_the_next_agreement(tmp_path: Path,
+                                                                    marks: Path) -> None:
+    """Rank 1 sends itself SIGTERM at step 5; rank 0 is never signalled. The ranks agree every
+    2nd step: the handler only records it, and every rank stops (and saves) at step 6."""
     begin = time.monotonic()
     run = start(["--nproc-per-node", "2", "--grace", "20", rank_script("hf_job.py"), str(marks),
-                 "--term-rank", "1", "--term-step", "5"], tmp_path)
+                 "--every", "2", "--term-rank", "1", "--term-step", "5"], tmp_path)
     assert run.wait(DEADLINE) == 2
     assert time.monotonic() - begin < DEADLINE
     out, _ = run.output()
     assert "[rank 1] rank 1: sending myself SIGTERM at step 5" in out
     for rank in (0, 1):
-        assert f"[rank {rank}] rank {rank}: train returned at global step 5" in out
+        assert f"[rank {rank}] rank {rank}: train returned at global step 6" in out
     assert "rank 1 stopped on a signal from outside" in out
     envelope = run.envelope()
-    _assert_stopped_together(envelope, marks, 5, signalled=1)
-    assert envelope["stop"] is None  # the ranks stopped themselves; the supervisor sent nothing
-    assert all(r["signals_sent"] == [] for r in envelope["ranks"])
+    # The ranks stopped themselves: the supervisor sent nothing (stop None, no signals sent).
+    assert_interrupted_from_outside(envelope, first=1, signalled={1})
+    assert_stopped_together(envelope, marks, 6, total=300)
+    # HF Trainer saved a checkpoint at the agreed step before stopping, and no other.
+    checkpoint = marks / "out" / "checkpoint-6"
+    assert json.loads((checkpoint / "trainer_state.json").read_text())["global_step"] == 6
+    assert sorted(p.name for p in (marks / "out").iterdir()) == ["checkpoint-6"]
 
 
-def test_sigterm_from_outside_to_rank_0_with_agreement_every_2_steps(tmp_path: Path,
-                                                                     marks: Path) -> None:
-    """The test SIGTERMs rank 0's pid mid-training; the ranks agree every 2nd step."""
-    begin = time.monotonic()
-    run = start(["--nproc-per-node", "2", "--grace", "20", rank_script("hf_job.py"), str(marks),
-                 "--every", "2"], tmp_path)
-    pids = ready_pids(marks, 2)
-    os.kill(pids[0], signal.SIGTERM)
-    assert run.wait(DEADLINE) == 2
-    assert time.monotonic() - begin < DEADLINE
-    envelope = run.envelope()
-    step = envelope["ranks"][0]["stopped_at_step"]
-    assert isinstance(step, int) and step % 2 == 0 and 2 <= step < 300, step
-    _assert_stopped_together(envelope, marks, step, signalled=0)
+def test_single_process_without_a_process_group(tmp_path: Path) -> None:
+    """In this process, no torch.distributed group: the callback still stops (and saves) at the
+    signalled step, and puts the SIGTERM handler back."""
+    import torch
+    from transformers import (
+        GPT2Config,
+        GPT2LMHeadModel,
+        Trainer,
+        TrainerCallback,
+        TrainingArguments,
+    )
 
+    from forgelm_tui.rank.hf import StopTogetherCallback
 
-def test_single_process_without_a_process_group(tmp_path: Path, marks: Path) -> None:
-    """No torch.distributed group: the callback still stops (and saves) at the signalled step."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    proc = subprocess.run([sys.executable, rank_script("hf_job.py"), str(marks), "--term-rank",
-                           "0", "--term-step", "3"], env=env, capture_output=True, text=True,
-                          timeout=DEADLINE)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    done = _done(marks, 0)
-    assert done["global_step"] == 3 and done["stopped_at_step"] == 3
-    assert done["checkpoints"] == ["checkpoint-3"]
-    assert done["sigterm_handler_restored"] is True
+    stop = StopTogetherCallback()
+
+    class SigtermAtStep3(TrainerCallback):
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if state.global_step == 3:
+                # Only ever to the callback's handler: never to this process's own.
+                assert signal.getsignal(signal.SIGTERM) == stop.stop._on_signal
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    class Tokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
+        ids = torch.randint(0, 32, (40, 8), generator=torch.Generator().manual_seed(0))
+
+        def __len__(self) -> int:
+            return len(self.ids)
+
+        def __getitem__(self, index: int) -> dict[str, Any]:
+            return {"input_ids": self.ids[index], "labels": self.ids[index]}
+
+    config = GPT2Config(vocab_size=32, n_positions=8, n_embd=8, n_layer=1, n_head=2,
+                        bos_token_id=0, eos_token_id=0)
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"), max_steps=20, per_device_train_batch_size=2,
+        save_strategy="no", report_to="none", use_cpu=True, disable_tqdm=True)
+    before = signal.getsignal(signal.SIGTERM)
+    trainer = Trainer(model=GPT2LMHeadModel(config), args=args, train_dataset=Tokens(),
+                      callbacks=[SigtermAtStep3(), stop])
+    trainer.train()
+    assert trainer.state.global_step == 3 and stop.stopped_at_step == 3
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["checkpoint-3"]
+    assert signal.getsignal(signal.SIGTERM) == before
 
 
 def test_latest_loss_reads_the_newest_logged_loss() -> None:

@@ -1,7 +1,7 @@
 """Rank program: a tiny Lightning DDP job (CPU, gloo) under forgelm-tui's torchrun environment.
 
 argv: DIR [--steps N] [--step-time S] [--callback] [--ckpt] [--term-rank R --term-step K]
-          [--pause-step P] [--single] [--model-checkpoint] [--raise-rank R --raise-step K]
+          [--pause-step P]
 
 Writes DIR/ready-RANK (its pid) once training has run two steps, and DIR/done-RANK (JSON: the
 global step it ended at, whether our callback stopped it, the checkpoint) when ``fit`` returns.
@@ -10,9 +10,8 @@ DIR/stopped-step={step}.ckpt when the ranks stop together. ``--term-rank R --ter
 rank R sends itself SIGTERM at the end of step K (no other rank is signalled).
 ``--pause-step P``: at the end of step P every rank waits (outside any collective) until
 DIR/go exists, writing DIR/got-term-RANK once it has taken a SIGTERM: a test can then signal
-the ranks one by one, in a known order, at a known step. ``--single``: one process, no DDP.
-``--model-checkpoint``: a ModelCheckpoint(dirpath=DIR/ckpts) and no ``checkpoint_path``.
-``--raise-rank R --raise-step K``: rank R raises RuntimeError in its training step K (uncaught).
+the ranks one by one, in a known order, at a known step. (Single-process Lightning, and a
+training step that raises: in the test's own process, tests/test_lightning.py.)
 """
 
 from __future__ import annotations
@@ -44,10 +43,6 @@ parser.add_argument("--term-rank", type=int, default=None)
 parser.add_argument("--term-step", type=int, default=5)
 parser.add_argument("--ckpt", action="store_true")
 parser.add_argument("--pause-step", type=int, default=None)
-parser.add_argument("--single", action="store_true")
-parser.add_argument("--model-checkpoint", action="store_true")
-parser.add_argument("--raise-rank", type=int, default=None)
-parser.add_argument("--raise-step", type=int, default=3)
 opts = parser.parse_args()
 rank = int(os.environ.get("RANK", "0"))
 
@@ -66,8 +61,6 @@ class Tiny(pl.LightningModule):
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         x, y = batch
-        if rank == opts.raise_rank and self.global_step == opts.raise_step:
-            raise RuntimeError(f"rank {rank}: simulated crash in training_step")
         loss = nn.functional.mse_loss(self.net(x), y)
         self.log("train_loss", loss)
         time.sleep(opts.step_time)  # paces the run so a signal lands mid-training
@@ -115,10 +108,6 @@ class Marks(pl.Callback):
 torch.manual_seed(0)
 data = TensorDataset(torch.randn(opts.steps * 4, 8), torch.randn(opts.steps * 4, 1))
 callbacks: list[pl.Callback] = [Marks()]
-if opts.model_checkpoint:
-    from lightning.pytorch.callbacks import ModelCheckpoint
-
-    callbacks.append(ModelCheckpoint(dirpath=os.path.join(opts.dir, "ckpts")))
 stop_callback = None
 if opts.callback:
     from forgelm_tui.rank.lightning import StopTogetherCallback
@@ -127,9 +116,9 @@ if opts.callback:
     stop_callback = StopTogetherCallback(checkpoint_path=ckpt)
     callbacks.append(stop_callback)
 trainer = pl.Trainer(
-    accelerator="cpu", devices=1 if opts.single else 2, strategy="auto" if opts.single else "ddp",
+    accelerator="cpu", devices=2, strategy="ddp",
     max_steps=opts.steps, max_epochs=1, callbacks=callbacks, logger=False,
-    enable_checkpointing=opts.model_checkpoint, enable_progress_bar=False,
+    enable_checkpointing=False, enable_progress_bar=False,
     enable_model_summary=False, num_sanity_val_steps=0, use_distributed_sampler=True,
 )
 print(f"rank {rank}: fitting, world size {trainer.world_size}", flush=True)
