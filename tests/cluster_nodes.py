@@ -82,6 +82,20 @@ def start_nodes(nnodes: int, target: Sequence[str], tmp_path: Path, *,
     return nodes
 
 
+NODE_LOCAL = {"node_rank", "run_dir", "command"}
+
+
+def same_envelopes(nodes: Sequence[Node]) -> dict[str, Any]:
+    """Every node wrote the same envelope, but for the documented node-local fields."""
+    envelopes = [n.envelope() for n in nodes]
+    first = {k: v for k, v in envelopes[0].items() if k not in NODE_LOCAL}
+    for node, envelope in zip(nodes, envelopes, strict=True):
+        assert envelope["node_rank"] == node.rank
+        assert envelope["run_dir"] == str(node.run_dir)
+        assert {k: v for k, v in envelope.items() if k not in NODE_LOCAL} == first
+    return envelopes[0]
+
+
 def wait_all(nodes: Sequence[Node], timeout: float = 90) -> list[int]:
     return [node.wait(timeout) for node in nodes]
 

@@ -135,9 +135,10 @@ def test_attach_with_no_argument_finds_the_latest_run(term: Terminal, tmp_path: 
     proc, run_dir = headless(tmp_path, marks, env=own_state(tmp_path))
     pids = ready_pids(marks, 2)
     term.start(["attach"], raw=True, env=own_state(tmp_path))
-    screen = term.wait_screen(r"RUNNING")
-    assert all(str(pid) in screen for pid in pids)
-    assert re.search(r"c Cancel\s+k Kill now\s+d Detach", screen)
+    term.wait_screen(r"RUNNING")
+    # (the table and the key line may come a frame after the header on a loaded machine)
+    wait_for(lambda: all(str(pid) in term.screen() for pid in pids), 30, "the ranks' pids")
+    term.wait_screen(r"c Cancel\s+k Kill now\s+d Detach", 30)
     term.press("t")
     term.wait_screen(r"Stacks \(")  # the run's StacksCaptured, requested through the socket
     stacks = (run_dir / "rank-0.stacks.txt").read_text()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -81,23 +82,14 @@ NAMES = [
 ]
 
 
-@pytest.mark.fault("F38")
-@pytest.mark.parametrize("name", NAMES)
-def test_bad_input(tmp_path: Path, busy_port: int, name: str) -> None:
-    args, expected = _cases(tmp_path, busy_port)[name]
-    run_dir = tmp_path / "run"
-    envelope_path = tmp_path / "out" / "env.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "forgelm_tui", "--no-tui", "--run-dir", str(run_dir),
-         "--envelope", str(envelope_path), *args],
-        cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=20,
-    )
-    assert proc.returncode == 1, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
+def _check_refused(code: int, out: str, err: str, expected: str, run_dir: Path,
+                   envelope_path: Path) -> None:
+    assert code == 1, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
     assert lines[0].startswith("forgelm-tui: error: ")
     assert expected in lines[0]
-    assert "Traceback" not in proc.stderr + proc.stdout
+    assert "Traceback" not in err + out
     for path in (run_dir / "envelope.json", envelope_path):
         envelope = json.loads(path.read_text())
         assert envelope["exit_code"] == 1
@@ -106,6 +98,43 @@ def test_bad_input(tmp_path: Path, busy_port: int, name: str) -> None:
         assert expected in envelope["error"]
         assert envelope["ranks"] == []
     assert not list(run_dir.glob("rank-*")), "no rank may start"
+
+
+@pytest.mark.fault("F38")
+@pytest.mark.parametrize("name", NAMES)
+def test_bad_input(tmp_path: Path, busy_port: int, name: str, monkeypatch: pytest.MonkeyPatch,
+                   capsys: pytest.CaptureFixture[str]) -> None:
+    """The CLI's main() in-process: every refusal happens before launch, so a process of its
+    own per case would only prove the entry point again (the test below does, in one)."""
+    from forgelm_tui.cli import main
+
+    args, expected = _cases(tmp_path, busy_port)[name]
+    run_dir = tmp_path / "run"
+    envelope_path = tmp_path / "out" / "env.json"
+    monkeypatch.chdir(tmp_path)
+    for key, value in cli_env().items():
+        if os.environ.get(key) != value:
+            monkeypatch.setenv(key, value)
+    monkeypatch.delenv("FORCE_COLOR", raising=False)
+    code = main(["--no-tui", "--run-dir", str(run_dir), "--envelope", str(envelope_path),
+                 *args])
+    out, err = capsys.readouterr()
+    _check_refused(code, out, err, expected, run_dir, envelope_path)
+
+
+@pytest.mark.fault("F38")
+@pytest.mark.parametrize("name", ["unknown option", "port in use"])
+def test_bad_input_in_a_real_process(tmp_path: Path, busy_port: int, name: str) -> None:
+    """The same refusals through the console script: the process's exit code and stderr."""
+    args, expected = _cases(tmp_path, busy_port)[name]
+    run_dir = tmp_path / "run"
+    envelope_path = tmp_path / "out" / "env.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "forgelm_tui", "--no-tui", "--run-dir", str(run_dir),
+         "--envelope", str(envelope_path), *args],
+        cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=20,
+    )
+    _check_refused(proc.returncode, proc.stdout, proc.stderr, expected, run_dir, envelope_path)
 
 
 @pytest.mark.fault("F38")

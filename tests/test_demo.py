@@ -11,37 +11,49 @@ pytestmark = pytest.mark.timeout(90)
 
 
 def test_demo_trains_and_exits_with_the_chosen_code(tmp_path: Path) -> None:
-    run = run_cli(["demo", "--steps", "3", "--step-time", "0", "--exit-code", "4"], tmp_path,
-                  timeout=80)
+    """One rank trains to its end (reporting through the progress channel), exits with 4."""
+    run = run_cli(["demo", "--nproc-per-node", "1", "--steps", "3", "--step-time", "0",
+                   "--exit-code", "4"], tmp_path, timeout=80)
     out, _ = run.output()
     assert run.proc.returncode == 4
-    assert "[rank 0] step 3/3 loss" in out and "[rank 1] step 3/3 loss" in out
-    assert run.envelope()["mode"] == "demo"
-
-
-def test_demo_failure_names_root_cause_with_its_traceback(tmp_path: Path) -> None:
-    run = run_cli(["demo", "--steps", "50", "--step-time", "0.05", "--fail-rank", "1",
-                   "--fail-step", "3", "--fail-code", "2", "--grace", "5"], tmp_path, timeout=80)
-    out, _ = run.output()
-    assert run.proc.returncode == 2
+    assert "[rank 0] step 3/3 loss" in out
     envelope = run.envelope()
-    assert envelope["root_cause_rank"] == 1
-    rank1 = envelope["ranks"][1]
-    assert rank1["exit_code"] == 2
-    assert envelope["ranks"][0]["signalled_by_supervisor"] is True
-    assert "stopping: rank 1 failed (exit 2)" in out
-    assert "[forgelm-tui] exit 2 EXIT_TRAINING_ERROR (root cause: rank 1" in out
+    assert envelope["mode"] == "demo"
+    (rank,) = envelope["ranks"]
+    assert rank["progress"]["source"] == "channel"
+    assert (rank["progress"]["step"], rank["progress"]["total"]) == (3, 3)
+    assert [step for step, _ in rank["metrics_history"]["loss"]] == [1, 2, 3]
+
+
+def test_the_demo_s_options_reach_its_ranks(tmp_path: Path) -> None:
+    """In process: every demo option goes to the demo's ranks, 2 of them by default."""
+    from forgelm_tui.plan import Planner
+
+    plan = Planner(["--no-tui", "--run-dir", str(tmp_path / "run"), "demo", "--steps", "3",
+                    "--step-time", "0", "--hang-rank", "1", "--exit-code", "4"], "test").plan()
+    argv = list(plan.spec.argv)
+    assert argv[argv.index("-m") + 1] == "forgelm_tui.demo.train"
+    options = argv[argv.index("-m") + 2:]
+    assert dict(zip(options[::2], options[1::2], strict=True)) == {
+        "--steps": "3", "--fail-code": "2", "--fail-step": "10", "--hang-rank": "1",
+        "--hang-step": "10", "--exit-code": "4", "--step-time": "0.0",
+        "--cleanup-seconds": "0.0"}
+    assert plan.spec.nproc_per_node == 2 and plan.info.mode == "demo"
+
+
+# A rank exiting with --fail-code: test_multinode.py::test_demo_rank_on_node_1_fails_mid_run.
 
 
 def test_demo_crash_leaves_its_traceback_in_the_envelope(tmp_path: Path) -> None:
-    run = run_cli(["demo", "--steps", "50", "--step-time", "0.05", "--fail-rank", "1",
-                   "--fail-step", "3", "--fail-raise", "--grace", "5"], tmp_path, timeout=80)
+    """One rank (a peer stopped after a crash: test_crash_and_teardown.py, F01)."""
+    run = run_cli(["demo", "--nproc-per-node", "1", "--steps", "50", "--step-time", "0.05",
+                   "--fail-rank", "0", "--fail-step", "3", "--fail-raise"], tmp_path, timeout=80)
     assert run.proc.returncode == 2  # exit 1 with a traceback: a crash (issue 12)
     envelope = run.envelope()
-    assert envelope["root_cause_rank"] == 1
-    assert envelope["exception"] == {"rank": 1, "type": "RuntimeError",
-                                     "message": "rank 1: simulated crash at step 3"}
-    error = envelope["ranks"][1]["error"]
+    assert envelope["root_cause_rank"] == 0
+    assert envelope["exception"] == {"rank": 0, "type": "RuntimeError",
+                                     "message": "rank 0: simulated crash at step 3"}
+    error = envelope["ranks"][0]["error"]
     assert error is not None
     assert "simulated crash at step 3" in error["message"]
     assert "RuntimeError" in error["traceback"] or "raise RuntimeError" in error["traceback"]
@@ -52,9 +64,8 @@ def test_cancelling_the_demo_stops_every_rank_at_the_same_step(tmp_path: Path) -
 
     from conftest import start, wait_for
 
-    run = start(["demo", "--nproc-per-node", "3", "--steps", "500", "--step-time", "0.05"],
-                tmp_path)
-    logs = [run.run_dir / f"rank-{r}.stdout.log" for r in range(3)]
+    run = start(["demo", "--steps", "500", "--step-time", "0.05"], tmp_path)
+    logs = [run.run_dir / f"rank-{r}.stdout.log" for r in range(2)]
     wait_for(lambda: all(p.exists() and "step 3/500" in p.read_text() for p in logs), 60,
              "every rank to train")
     run.signal(signal.SIGINT)  # an operator's Ctrl+C
@@ -68,5 +79,7 @@ def test_cancelling_the_demo_stops_every_rank_at_the_same_step(tmp_path: Path) -
         assert rank["progress"]["total"] == 500
         assert rank["stopped_from_outside"] is False
     assert (run.run_dir / "demo-checkpoint.pt").exists()
+    assert envelope["mode"] == "demo"
     out, _ = run.output()
     assert f"rank 0: stopping together at step {steps[0]} (SIGTERM)" in out
+    assert "[rank 0] step 3/500 loss" in out and "[rank 1] step 3/500 loss" in out

@@ -5,25 +5,31 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import rank_script, run_cli
+from conftest import rank_script, run_cli, start
 
 pytestmark = pytest.mark.timeout(60)
 
 
 @pytest.mark.fault("F03")
-@pytest.mark.parametrize("code", range(7))
-def test_both_ranks_exit_with_code(tmp_path: Path, code: int) -> None:
-    run = run_cli(["--nproc-per-node", "2", rank_script("exit_with.py"), str(code)], tmp_path)
-    assert run.proc.returncode == code
-    envelope = run.envelope()
-    assert envelope["exit_code"] == code
-    assert envelope["provisional"] is False
-    for rank in envelope["ranks"]:
-        # With a failure code the first rank to end stops the other (fail fast), which may
-        # then die of the supervisor's SIGTERM before it exits on its own.
-        assert rank["exit_code"] == code or (code in (1, 2) and rank["signalled_by_supervisor"])
-    if code in (1, 2):
-        assert envelope["decided_by"]["rule"] == 2
+def test_both_ranks_exit_with_code(tmp_path: Path) -> None:
+    """Every ForgeLM code 0..6, one run each, all at once (they share nothing)."""
+    runs = {}
+    for code in range(7):
+        (tmp_path / str(code)).mkdir()
+        runs[code] = start(["--nproc-per-node", "2", rank_script("exit_with.py"), str(code)],
+                           tmp_path / str(code))
+    for code, run in runs.items():
+        assert run.wait(60) == code
+        envelope = run.envelope()
+        assert envelope["exit_code"] == code
+        assert envelope["provisional"] is False
+        for rank in envelope["ranks"]:
+            # With a failure code the first rank to end stops the other (fail fast), which may
+            # then die of the supervisor's SIGTERM before it exits on its own.
+            assert rank["exit_code"] == code or (code in (1, 2)
+                                                 and rank["signalled_by_supervisor"])
+        if code in (1, 2):
+            assert envelope["decided_by"]["rule"] == 2
 
 
 @pytest.mark.fault("F03")

@@ -70,15 +70,18 @@ def test_progress_from_hf_style_output(tmp_path: Path) -> None:
     assert [v for _, v in points] == sorted((v for _, v in points), reverse=True)
 
 
-def test_progress_from_the_channel(tmp_path: Path) -> None:
-    run = run_cli(["demo", "--steps", "4", "--step-time", "0"], tmp_path, timeout=60)
+def test_progress_from_the_channel(tmp_path: Path, marks: Path) -> None:
+    """forgelm_tui.rank.report_progress from torch-free ranks (steps 1..8 of 100, a loss each):
+    the channel is the rank helpers', not the demo's (the demo reports through it too)."""
+    run = run_cli(["--nproc-per-node", "2", rank_script("evidence.py"), "pause", str(marks),
+                   "0"], tmp_path, timeout=60)
     assert run.proc.returncode == 0
     for rank in run.envelope()["ranks"]:
         assert rank["progress"]["source"] == "channel"
-        assert (rank["progress"]["step"], rank["progress"]["total"]) == (4, 4)
-        assert "loss" in rank["progress"]["metrics"]
+        assert (rank["progress"]["step"], rank["progress"]["total"]) == (8, 100)
+        assert rank["progress"]["metrics"] == {"loss": 1.0 / 8}
         history = rank["metrics_history"]["loss"]
-        assert [step for step, _ in history] == [1, 2, 3, 4]
+        assert [step for step, _ in history] == list(range(1, 9))
         assert history[-1][1] == rank["progress"]["metrics"]["loss"]
 
 

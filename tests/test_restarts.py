@@ -5,9 +5,8 @@ an outcome, a config error or a cancel; every attempt in the envelope, every att
 from __future__ import annotations
 
 import json
+import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -56,17 +55,22 @@ def test_a_crash_once_is_restarted_and_the_run_succeeds(tmp_path: Path, marks: P
 
 
 @pytest.mark.fault("F21")
-@pytest.mark.parametrize("code", [1, 3, 4, 5, 6])
-def test_an_outcome_or_config_error_is_never_restarted(tmp_path: Path, marks: Path,
-                                                       code: int) -> None:
-    run = run_cli(["--max-restarts", "2", *FAST, "--nproc-per-node", "2", CRASH, str(marks),
-                   "0", f"exit:{code}", "always"], tmp_path)
-    assert run.wait() == code
-    envelope = run.envelope()
-    assert _attempts(envelope) == [(0, code)]
-    assert envelope["attempts"][0]["restart"]["restarted"] is False
-    assert not (run.run_dir / "attempt-1").exists()
-    assert (marks / "crashes").read_text() == "1"
+def test_an_outcome_or_config_error_is_never_restarted(tmp_path: Path) -> None:
+    """Codes 1, 3, 4, 5, 6: one run each, all at once (they share nothing)."""
+    runs = {}
+    for code in (1, 3, 4, 5, 6):
+        marks = tmp_path / str(code) / "marks"
+        marks.mkdir(parents=True)
+        runs[code] = (start(["--max-restarts", "2", *FAST, "--nproc-per-node", "2", CRASH,
+                             str(marks), "0", f"exit:{code}", "always"], tmp_path / str(code)),
+                      marks)
+    for code, (run, marks) in runs.items():
+        assert run.wait(60) == code
+        envelope = run.envelope()
+        assert _attempts(envelope) == [(0, code)]
+        assert envelope["attempts"][0]["restart"]["restarted"] is False
+        assert not (run.run_dir / "attempt-1").exists()
+        assert (marks / "crashes").read_text() == "1"
 
 
 @pytest.mark.fault("F21")
@@ -123,19 +127,27 @@ def test_a_cancel_during_the_backoff_ends_the_run_at_once(tmp_path: Path, marks:
     (["--restart-backoff", "-1"], "--restart-backoff must not be negative"),
 ])
 @pytest.mark.fault("F40")
-def test_restart_options_refused_in_one_line(tmp_path: Path, args: list[str],
-                                             expected: str) -> None:
+def test_restart_options_refused_in_one_line(tmp_path: Path, args: list[str], expected: str,
+                                             monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """The CLI's main() in-process: refused before launch (the console script's own process
+    for such a refusal: test_bad_input.py::test_bad_input_in_a_real_process)."""
+    from forgelm_tui.cli import main
+
     run_dir = tmp_path / "run"
     if "--nnodes" in args:
         args = ["--max-restarts", "1", *args]
-    proc = subprocess.run(
-        [sys.executable, "-m", "forgelm_tui", "--no-tui", "--run-dir", str(run_dir), *args,
-         rank_script("exit_with.py"), "0"],
-        cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=30)
-    assert proc.returncode == 1
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and expected in lines[0], proc.stderr
-    assert "Traceback" not in proc.stderr + proc.stdout
+    monkeypatch.chdir(tmp_path)
+    for key, value in cli_env().items():
+        if os.environ.get(key) != value:
+            monkeypatch.setenv(key, value)
+    monkeypatch.delenv("FORCE_COLOR", raising=False)
+    code = main(["--no-tui", "--run-dir", str(run_dir), *args, rank_script("exit_with.py"), "0"])
+    out, err = capsys.readouterr()
+    assert code == 1
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0], err
+    assert "Traceback" not in err + out
     [path] = run_dir.rglob("envelope.json")  # a multi-node run's is in node-0/
     envelope = json.loads(path.read_text())
     assert envelope["exit_code"] == 1 and expected in envelope["error"]

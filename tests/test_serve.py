@@ -285,7 +285,12 @@ def cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.timeout(60)
-def test_serve_errors_are_one_line(tmp_path: Path) -> None:
+def test_serve_errors_are_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """The first through the console script; the rest through main() in-process (they end
+    before anything is served)."""
+    from forgelm_tui.cli import main
+
     done = cli(["serve", "no-such-run-id"], tmp_path)
     assert done.returncode == 1
     assert done.stderr.strip().splitlines() == [
@@ -293,11 +298,11 @@ def test_serve_errors_are_one_line(tmp_path: Path) -> None:
         "knows)"]
     assert done.stdout == ""
     assert not (tmp_path / "forgelm-tui-runs").exists()  # no run dir, no envelope
-    done = cli(["serve", "--host", "0.0.0.0", "no-such-run-id"], tmp_path)
-    assert done.returncode == 1
-    assert "not a loopback address; add --allow-remote" in done.stderr
-    done = cli(["serve", "--port", "70000"], tmp_path)
-    assert done.returncode == 1 and "--port must be 0..65535, got 70000" in done.stderr
+    monkeypatch.chdir(tmp_path)
+    assert main(["serve", "--host", "0.0.0.0", "no-such-run-id"]) == 1
+    assert "not a loopback address; add --allow-remote" in capsys.readouterr().err
+    assert main(["serve", "--port", "70000"]) == 1
+    assert "--port must be 0..65535, got 70000" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------- units

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import rank_script, run_cli
+from conftest import rank_script, ready_pids, run_cli, start
 
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.events import Purpose
@@ -59,37 +59,59 @@ DEADLY = [signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGABRT, signal.S
 
 
 @pytest.mark.fault("F06")
-@pytest.mark.parametrize("number", [int(n) for n in DEADLY],
-                         ids=[signal_name(int(n)) for n in DEADLY])
-def test_a_rank_killed_by_any_signal_is_named_and_its_peer_stopped(
-        tmp_path: Path, number: int) -> None:
-    begin = time.monotonic()
-    run = run_cli(["--nproc-per-node", "2", "--grace", "5", "--exit-contract", "raw",
-                   rank_script("die_of_signal.py"), "1", str(number)], tmp_path)
+def test_a_rank_killed_by_any_signal_is_named_and_its_peer_stopped(tmp_path: Path,
+                                                                   marks: Path) -> None:
+    """One run of len(DEADLY) ranks, each killed by a signal of its own, all at once (they
+    ignore the stop's SIGTERM): every real death named, the first one the root cause with its
+    128+N. (Each number's verdict and code: the pure test above; a peer stopped at once after a
+    real-time death: the test below.)"""
+    numbers = [int(n) for n in DEADLY]
+    run = start(["--nproc-per-node", str(len(numbers)), "--grace", "5", "--exit-contract", "raw",
+                 rank_script("die_together.py"), str(marks), ",".join(map(str, numbers))],
+                tmp_path)
+    ready_pids(marks, len(numbers))
+    (marks / "go").touch()
+    assert run.wait(30) > 128
     out, err = run.output()
-    name = signal_name(number)
-    envelope = run.envelope()
-    rank1 = envelope["ranks"][1]
-    if rank1["exit_code"] == 99:
-        pytest.skip(f"{name} is not deliverable to a Python process here")
-    assert run.proc.returncode == 128 + number, err
-    assert time.monotonic() - begin < 20  # the peer was stopped, not left to sleep 60 s
     assert "Traceback" not in out + err
-    assert rank1["signal"] == name and rank1["signalled_by_supervisor"] is False
-    assert envelope["decided_by"] == {
-        "rule": 2, "rank": 1,
-        "explanation": f"root cause: rank 1 failed on its own (signal {name})"}
-    assert envelope["ranks"][0]["signalled_by_supervisor"] is True
-    assert f"rank 1 killed by {name}" in out
+    envelope = run.envelope()
     assert envelope["supervisor_error"] is None
+    undeliverable = []
+    for rank, number in enumerate(numbers):
+        name, ended = signal_name(number), envelope["ranks"][rank]
+        if ended["exit_code"] == 99:
+            undeliverable.append(name)  # not deliverable to a Python process here
+            continue
+        assert ended["signal"] == name and ended["exit_code"] is None, ended
+        assert f"rank {rank} killed by {name}" in out
+    assert len(undeliverable) < len(numbers) // 2, undeliverable
+    cause = envelope["root_cause_rank"]
+    name = signal_name(numbers[cause])
+    assert run.proc.returncode == 128 + numbers[cause], err
+    assert envelope["decided_by"] == {
+        "rule": 2, "rank": cause,
+        "explanation": f"root cause: rank {cause} failed on its own (signal {name})"}
+    assert envelope["ranks"][cause]["signalled_by_supervisor"] is False
 
 
 @pytest.mark.fault("F06")
 def test_a_real_time_death_under_the_forgelm_contract_is_2(tmp_path: Path) -> None:
+    begin = time.monotonic()
     run = run_cli(["--nproc-per-node", "2", "--grace", "5", rank_script("die_of_signal.py"),
                    "0", str(RTMIN + 6)], tmp_path)
     assert run.wait() == 2
-    assert run.envelope()["ranks"][0]["signal"] == "SIGRTMIN+6"
+    assert time.monotonic() - begin < 20  # the peer was stopped, not left to sleep 60 s
+    out, err = run.output()
+    assert "Traceback" not in out + err
+    envelope = run.envelope()
+    rank0, rank1 = envelope["ranks"]
+    assert rank0["signal"] == "SIGRTMIN+6" and rank0["signalled_by_supervisor"] is False
+    assert rank1["signalled_by_supervisor"] is True
+    assert envelope["decided_by"] == {
+        "rule": 2, "rank": 0,
+        "explanation": "root cause: rank 0 failed on its own (signal SIGRTMIN+6)"}
+    assert "rank 0 killed by SIGRTMIN+6" in out
+    assert envelope["supervisor_error"] is None
 
 
 def test_events_carry_any_signal_number() -> None:

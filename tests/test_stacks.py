@@ -401,11 +401,11 @@ def _stacks_signals(rank: dict[str, Any]) -> list[dict[str, Any]]:
 def test_the_spinning_rank_case_ends_as_a_stall_with_both_ranks_stacks(tmp_path: Path,
                                                                       marks: Path) -> None:
     """Issue 13: steps 1-5, then rank 0 spins a core and rank 1 sleeps."""
-    run = start(["--nproc-per-node", "2", "--stall-timeout", "5", "--grace", "2",
+    run = start(["--nproc-per-node", "2", "--stall-timeout", "2", "--grace", "2",
                  rank_script("evidence.py"), "spin", str(marks)], tmp_path)
     assert run.wait(40) == 2
     after = time.time() - float((marks / "steps-0").read_text())
-    assert after <= 5 + 2 + 2, after
+    assert after <= 2 + 2 + 2, after
     envelope = run.envelope()
     assert envelope["stop"]["kind"] == "stall" and envelope["exit_code"] == 2
     assert envelope["stop"]["stacks_delay_s"] <= 2.0
@@ -423,26 +423,17 @@ def test_the_spinning_rank_case_ends_as_a_stall_with_both_ranks_stacks(tmp_path:
     assert f"rank 0 stuck at {rank0['stuck_at']}" in out
 
 
-@pytest.mark.timeout(90)
-def test_the_demo_hang_ends_as_a_stall_with_stacks(tmp_path: Path) -> None:
-    run = run_cli(["demo", "--hang-rank", "1", "--stall-timeout", "5", "--grace", "2",
-                   "--hang-step", "3", "--step-time", "0.05"], tmp_path, timeout=80)
+def test_a_rank_without_the_handler_or_ignoring_the_signal_within_the_deadline(
+        tmp_path: Path, marks: Path) -> None:
+    """Rank 0 has the handler; rank 1 none (it never gets the reserved signal: py-spy reads
+    it, or a note says why not); rank 2 ignores the signal (the capture's deadline holds)."""
+    run = run_cli(["--nproc-per-node", "3", "--stall-timeout", "2", "--grace", "2",
+                   rank_script("stuck.py"), str(marks), "helpers", "plain", "ignore"], tmp_path)
     assert run.proc.returncode == 2
     envelope = run.envelope()
     assert envelope["stop"]["kind"] == "stall"
-    rank0, rank1 = _ranks(envelope)
-    assert rank1["stuck_at"].split(" ")[-1] == "stuck_forever", rank1
-    assert rank0["stuck_at"] is not None and rank0["stacks_via"] == "faulthandler"
-    assert all(Path(r["stacks_file"]).exists() for r in (rank0, rank1))
-
-
-def test_a_rank_without_the_handler_never_gets_the_reserved_signal(tmp_path: Path,
-                                                                  marks: Path) -> None:
-    run = run_cli(["--nproc-per-node", "2", "--stall-timeout", "2", "--grace", "2",
-                   rank_script("stuck.py"), str(marks), "helpers", "plain"], tmp_path)
-    assert run.proc.returncode == 2
-    envelope = run.envelope()
-    helpers, plain = _ranks(envelope)
+    assert envelope["stop"]["stacks_delay_s"] <= 2.0 + 0.1
+    helpers, plain, ignoring = _ranks(envelope)
     assert helpers["stuck_at"].split(" ")[-1] == "wait_here"
     assert helpers["stacks_via"] == "faulthandler"
     assert _stacks_signals(plain) == [] and plain["signal"] == "SIGTERM"  # the stop's, only
@@ -450,18 +441,6 @@ def test_a_rank_without_the_handler_never_gets_the_reserved_signal(tmp_path: Pat
         assert plain["stacks_via"] == "py-spy" and plain["stuck_at"].endswith(" wait_here")
     else:
         assert plain["stuck_at"] is None and "did not announce" in plain["stacks_note"]
-
-
-def test_the_capture_deadline_holds_when_a_rank_ignores_the_signal(tmp_path: Path,
-                                                                  marks: Path) -> None:
-    run = run_cli(["--nproc-per-node", "2", "--stall-timeout", "2", "--grace", "2",
-                   rank_script("stuck.py"), str(marks), "helpers", "ignore"], tmp_path)
-    assert run.proc.returncode == 2
-    envelope = run.envelope()
-    assert envelope["stop"]["kind"] == "stall"
-    assert envelope["stop"]["stacks_delay_s"] <= 2.0 + 0.1
-    helpers, ignoring = _ranks(envelope)
-    assert helpers["stuck_at"].split(" ")[-1] == "wait_here"
     assert [s["signal"] for s in _stacks_signals(ignoring)] == [RESERVED]
     assert "wrote nothing in time" in ignoring["stacks_note"]
     assert ignoring["signal"] == "SIGTERM"  # it ignored the stacks signal, not the stop
@@ -514,16 +493,19 @@ def test_the_envelope_names_where_each_rank_was_stuck(tmp_path: Path) -> None:
 @pytest.mark.timeout(90)
 def test_every_node_captures_its_ranks_stacks_before_a_stall_stop(tmp_path: Path,
                                                                   marks: Path) -> None:
-    """Node 1 has no stall timeout of its own: the stall is node 0's, and node 1 captures its
-    rank's stacks when the stop record arrives, before it applies the stop."""
-    from cluster_nodes import start_nodes, wait_all
+    """No rank on any node progresses: a stall, 2 everywhere. Node 1 has no stall timeout of
+    its own: the stall is node 0's (its rank's age and node 1's, from node 1's beats), and
+    node 1 captures its rank's stacks when the stop record arrives, before it applies the
+    stop."""
+    from cluster_nodes import no_orphans, same_envelopes, start_nodes, wait_all
 
     nodes = start_nodes(2, [rank_script("stuck.py"), str(marks), "helpers", "helpers"], tmp_path,
-                        extra=[["--stall-timeout", "3"], []], common=["--grace", "2"])
+                        extra=[["--stall-timeout", "2"], []], common=["--grace", "2"])
     assert wait_all(nodes, 80) == [2, 2]
-    envelope, other = (node.envelope() for node in nodes)
+    envelope = same_envelopes(nodes)  # both nodes' ranks, the same verdict on both nodes
     assert envelope["stop"]["kind"] == "stall" and envelope["stop"]["origin_node"] == 0
-    assert _ranks(envelope) == _ranks(other)  # both nodes' ranks, the same on both nodes
+    assert envelope["decided_by"]["rule"] == 4
+    no_orphans([p for n in nodes for p in n.rank_pids()])
     for rank in _ranks(envelope):
         node_dir = tmp_path / "run" / f"node-{rank['rank']}"
         assert rank["stacks_file"] == str(node_dir / f"rank-{rank['rank']}.stacks.txt")

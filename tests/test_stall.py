@@ -17,25 +17,27 @@ pytestmark = pytest.mark.timeout(60)
 @pytest.mark.fault("F08")
 def test_silent_idle_ranks_are_a_stall(tmp_path: Path, marks: Path) -> None:
     begin = time.monotonic()
-    run = run_cli(["--nproc-per-node", "2", "--stall-timeout", "2", "--grace", "2",
+    run = run_cli(["--nproc-per-node", "2", "--stall-timeout", "1", "--grace", "2",
                    "--exit-contract", "raw", rank_script("sleeper.py"), str(marks)], tmp_path)
     assert run.proc.returncode == 2
     assert time.monotonic() - begin < 15
     envelope = run.envelope()
     assert envelope["stop"]["kind"] == "stall"
-    assert envelope["stop"]["reason"] == "stalled: no rank made progress for 2 s"
+    assert envelope["stop"]["reason"] == "stalled: no rank made progress for 1 s"
     assert [r["stalled"] for r in envelope["ranks"]] == [True, True]
     out, _ = run.output()
-    assert "stalled: no progress from rank(s) 0,1 for 2 s" in out
+    assert "stalled: no progress from rank(s) 0,1 for 1 s" in out
 
 
 @pytest.mark.fault("F08")
 @pytest.mark.timeout(90)
 def test_collective_deadlock_ends_within_stall_plus_grace(tmp_path: Path) -> None:
+    """The demo's rank 1 stops taking part; rank 0 blocks in the all-reduce: a stall, with
+    both ranks' stacks (rank 0's read inside the blocked collective)."""
     from conftest import start, wait_for
 
     run = start(["demo", "--steps", "200", "--step-time", "0.05", "--hang-rank", "1",
-                 "--hang-step", "3", "--stall-timeout", "2", "--grace", "2"], tmp_path)
+                 "--hang-step", "3", "--stall-timeout", "2", "--grace", "1"], tmp_path)
     log = run.run_dir / "rank-1.stdout.log"
     wait_for(lambda: log.exists() and "stops taking part" in log.read_text(), 60, "the hang")
     hung = time.monotonic()
@@ -45,3 +47,7 @@ def test_collective_deadlock_ends_within_stall_plus_grace(tmp_path: Path) -> Non
     assert envelope["stop"]["kind"] == "stall"
     assert [r["stalled"] for r in envelope["ranks"]] == [True, True]
     assert envelope["decided_by"]["explanation"] == "stalled: no rank made progress"
+    rank0, rank1 = envelope["ranks"]
+    assert rank1["stuck_at"].split(" ")[-1] == "stuck_forever", rank1
+    assert rank0["stuck_at"] is not None and rank0["stacks_via"] == "faulthandler"
+    assert all(Path(r["stacks_file"]).exists() for r in (rank0, rank1))
