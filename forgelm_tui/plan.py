@@ -11,8 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from forgelm_tui.cluster.config import cluster_config
-from forgelm_tui.cluster.join import ClusterConfig
+from forgelm_tui.cluster.config import ClusterConfig, cluster_config
 from forgelm_tui.engine.spec import LaunchSpec
 from forgelm_tui.forgelm_mode import JobConfigError, find_config_arg, read_job_config
 from forgelm_tui.options import (

@@ -5,12 +5,33 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping
+from dataclasses import dataclass
 
-from forgelm_tui.cluster.join import ClusterConfig
+from forgelm_tui import __version__
 from forgelm_tui.cluster.slurm import SlurmError, default_port, in_srun_step, read_step
 from forgelm_tui.options import UsageError, parse_port
 
 CONTROL_PORT_OFFSET = 1  # the control store: MASTER_PORT + 1 unless --rdzv-endpoint gives one
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """This node's multi-node settings, as the command line, SLURM or defaults gave them."""
+
+    nnodes: int
+    node_rank: int | None  # None: from the order of joining (c10d without --node-rank)
+    store_host: str
+    store_port: int
+    master_addr: str
+    master_port: int | None  # None: node 0 picks a free one and publishes it (c10d)
+    run_id: str  # this node's proposal; node 0's is adopted unless fixed
+    run_id_fixed: bool  # --rdzv-id or SLURM's job and step: every node already agrees
+    nproc: int
+    join_timeout: float = 300.0
+    node_timeout: float = 10.0
+    backend: str = "static"
+    source: str = "flags"  # flags | slurm
+    version: str = __version__
 
 
 def parse_nnodes(text: str) -> int:

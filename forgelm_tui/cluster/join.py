@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from forgelm_tui import __version__
+from forgelm_tui.cluster.config import ClusterConfig as ClusterConfig  # re-exported
 from forgelm_tui.cluster.store import (
     ControlStore,
     PortTaken,
@@ -25,26 +25,6 @@ from forgelm_tui.cluster.store import (
 POLL = 0.05
 CONNECT_TRY = 2.0  # one connection attempt; repeated until the join deadline
 LINGER = 3.0  # node 0, refusing: how long it waits for the others to read why
-
-
-@dataclass(frozen=True)
-class ClusterConfig:
-    """This node's multi-node settings, as the command line, SLURM or defaults gave them."""
-
-    nnodes: int
-    node_rank: int | None  # None: from the order of joining (c10d without --node-rank)
-    store_host: str
-    store_port: int
-    master_addr: str
-    master_port: int | None  # None: node 0 picks a free one and publishes it (c10d)
-    run_id: str  # this node's proposal; node 0's is adopted unless fixed
-    run_id_fixed: bool  # --rdzv-id or SLURM's job and step: every node already agrees
-    nproc: int
-    join_timeout: float = 300.0
-    node_timeout: float = 10.0
-    backend: str = "static"
-    source: str = "flags"  # flags | slurm
-    version: str = __version__
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The guardian: a forked watcher that stops the rank groups if the supervisor dies.
 
-A parent-death signal reaches only the rank process itself, not its children (DataLoader
-workers, a wrapper script's python). The guardian outlives a SIGKILLed supervisor: it holds the
+A parent-death signal would reach only the rank process itself, not its children (DataLoader
+workers, a wrapper script's python), and ranks have none (spawn.py). The guardian outlives a SIGKILLed supervisor: it holds the
 read end of a pipe whose only writer is the supervisor, learns each rank's process group through
 it, and when the pipe reaches end-of-file without a clean goodbye it sends SIGTERM to every group
 and to every process carrying the supervisor's token in its environment (what the ranks started
