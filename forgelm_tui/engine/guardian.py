@@ -1,12 +1,12 @@
 """The guardian: a forked watcher that stops the rank groups if the supervisor dies.
 
 A parent-death signal would reach only the rank process itself, not its children (DataLoader
-workers, a wrapper script's python), and ranks have none (spawn.py). The guardian outlives a SIGKILLed supervisor: it holds the
-read end of a pipe whose only writer is the supervisor, learns each rank's process group through
-it, and when the pipe reaches end-of-file without a clean goodbye it sends SIGTERM to every group
-and to every process carrying the supervisor's token in its environment (what the ranks started
-outside their groups: daemons, ``setsid``; engine/descendants.py), waits a short grace and
-SIGKILLs what is left.
+workers, a wrapper script's python), and ranks have none (spawn.py). The guardian outlives a
+SIGKILLed supervisor: it holds the read end of a pipe whose only writer is the supervisor,
+learns each rank's process group through it, and when the pipe reaches end-of-file without a
+clean goodbye it sends SIGTERM to every group and to every process carrying the supervisor's
+token in its environment (what the ranks started outside their groups: daemons, ``setsid``;
+engine/descendants.py), waits a short grace and SIGKILLs what is left.
 
 It is forked before any thread starts, runs in its own session (a terminal's Ctrl+C and a
 ``kill -- -PGID`` aimed at the supervisor's group do not reach it) and never imports anything.
