@@ -189,7 +189,7 @@ class Joiner:
         if self.store is not None:
             with contextlib.suppress(StoreLost, StoreTimeout):
                 self.store.first("abort", {"message": message, "stop": stop})
-                self._linger(self.store)
+                self._seen_abort(self.store)  # it knows why: node 0 need not wait for it
 
     def _seen_abort(self, store: ControlStore) -> None:
         if self.hosting:
