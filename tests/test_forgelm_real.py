@@ -17,15 +17,19 @@ STEPS = 40  # the approval run: evaluated and saved every 10 steps
 pytestmark = [pytest.mark.forgelm, pytest.mark.timeout(240)]
 
 
-def test_cancelled_forgelm_leaves_pipeline_failed_per_rank(tmp_path: Path,
-                                                          tiny_model: Path) -> None:
+def test_cancelled_forgelm_leaves_pipeline_failed_and_its_result(tmp_path: Path,
+                                                                 tiny_model: Path) -> None:
+    """SIGTERM to the supervisor mid-training: the graceful runner turns it into an exception
+    in ForgeLM's main thread, so ForgeLM writes ``pipeline.failed`` and its result and exits 2.
+    One rank: the same stop reaching every rank together is the wiring other tests prove
+    (test_demo, test_stop_together); this one proves what the real ForgeLM does with it."""
     from conftest import wait_for
     from forgelm_job import read_audit_log
 
     job = make_job(tmp_path / "job", long=True, model_dir=tiny_model)
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "forgelm_tui", "--no-tui", "--nproc-per-node", "2",
+        [sys.executable, "-m", "forgelm_tui", "--no-tui", "--nproc-per-node", "1",
          "--run-dir", str(run_dir), "--grace", "20", "--config", str(job.config)],
         cwd=job.dir, env=job_env(job.dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True,
@@ -34,11 +38,10 @@ def test_cancelled_forgelm_leaves_pipeline_failed_per_rank(tmp_path: Path,
         def training() -> bool:
             events = read_audit_log(job.output_dir) if job.audit_log.exists() else []
             started = [e for e in events if e["event"] == "training.started"]
-            logs = [run_dir / f"rank-{r}.stderr.log" for r in range(2)]
-            stepping = all(p.exists() and STEP.search(p.read_text()) for p in logs)
-            return len(started) == 2 and stepping
+            log = run_dir / "rank-0.stderr.log"
+            return len(started) == 1 and log.exists() and bool(STEP.search(log.read_text()))
 
-        wait_for(training, 150, "both ranks to be training", step=0.2)
+        wait_for(training, 150, "the rank to be training", step=0.2)
         proc.send_signal(signal.SIGTERM)  # as a scheduler cancels a job
         proc.communicate(timeout=60)
     finally:
@@ -51,7 +54,7 @@ def test_cancelled_forgelm_leaves_pipeline_failed_per_rank(tmp_path: Path,
     events = read_audit_log(job.output_dir)
     run_ids = {e["run_id"] for e in events if e["event"] == "training.started"}
     failed = {e["run_id"] for e in events if e["event"] == "pipeline.failed"}
-    assert len(run_ids) == 2
+    assert len(run_ids) == 1
     assert run_ids <= failed, (run_ids, failed)
     for rank in envelope["ranks"]:
         assert rank["exit_code"] == 2, rank  # ForgeLM's own exit after a caught stop
