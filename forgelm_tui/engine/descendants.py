@@ -189,7 +189,7 @@ class Descendants:
             return
         if not scan_after:
             self._refresh()
-        known = [r for r in self.found.values() if r.ended is None]
+        known = [r for r in self.found.values() if r.ended is None and self._still(r)]
         for record in known:
             self._send(record, sig)
         if scan_after:
@@ -270,14 +270,15 @@ class Descendants:
             self._term_mono.pop(pid, None)
             self.found[pid] = DescendantRecord(pid, stat.start, _rank_of(environ),
                                                command_of(pid), how, time.time())
-        live = []
-        for record in self.found.values():
-            if record.ended is None:
-                if self._alive(record):
-                    live.append(record)
-                else:
-                    record.mark_gone()
-        return live
+        return [r for r in self.found.values() if r.ended is None and self._still(r)]
+
+    def _still(self, record: DescendantRecord) -> bool:
+        """A known descendant is still the same live process (its pid not reused): one stat
+        read, no scan. Marked gone otherwise."""
+        if self._alive(record):
+            return True
+        record.mark_gone()
+        return False
 
     def _alive(self, record: DescendantRecord) -> bool:
         stat = read_stat(record.pid)
