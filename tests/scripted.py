@@ -328,5 +328,22 @@ def scripted_app(name: str, *, envelope_dir: Path | None = None,
         if app.query_one("#curves").refresh_from_model(force=True):
             await pilot.pause()  # new curves are drawn once mounted
             await pilot.pause()
+        await _settled_log(pilot, app)
 
     return app, run, prepare
+
+
+async def _settled_log(pilot: Any, app: Any) -> None:
+    """Wait until a following log pane shows its newest line on two pauses in a row: the
+    curves' mount shrinks the pane, and on a loaded machine its resize (which scrolls the pane
+    back to the end) could land after the snapshot, one line short."""
+    from forgelm_tui.tui.widgets.log_pane import LogPane
+
+    pane = app.query_one(LogPane)
+
+    def at_end() -> bool:
+        return not pane.auto_scroll or round(pane.scroll_y) >= pane.max_scroll_y
+
+    for _ in range(2):
+        await pilot_wait_for(pilot, at_end, "the following log pane at its newest line")
+        await pilot.pause()

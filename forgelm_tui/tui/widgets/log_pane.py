@@ -185,6 +185,16 @@ class LogPane(ScrollView, can_focus=True):
         if self.auto_scroll:  # a smaller pane: the newest line back at the bottom
             self._scroll_myself(self.max_scroll_y)
 
+    def _size_updated(self, size: Size, virtual_size: Size, container_size: Size,
+                      layout: bool = True) -> bool:
+        # Textual sends Resize only when a reflow finds the region changed since its previous
+        # map; a pane shrunk by a neighbour mounting (the loss curves) can get its new size here
+        # with no Resize after it, and a following pane then stays a line short of the newest.
+        changed = super()._size_updated(size, virtual_size, container_size, layout)
+        if self.auto_scroll and round(self.scroll_y) != self.max_scroll_y:
+            self._scroll_myself(self.max_scroll_y)
+        return changed
+
     def watch_scroll_y(self, old_value: float, new_value: float) -> None:
         super().watch_scroll_y(old_value, new_value)
         if self._scrolling:
