@@ -16,6 +16,16 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+# Bytecode is cached, whatever the environment says: with PYTHONDONTWRITEBYTECODE set, every
+# supervisor the suite starts compiled forgelm_tui again and every xdist worker rewrote every
+# test module's asserts again (~20 s of CPU in all). Set here, before the workers start, so they
+# and every process they start inherit it; a user's pip install compiles the package anyway.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
+
+# CPU_ACCOUNTING=<dir> pytest: a line per test of its wall and CPU (tests/cpu_accounting.py).
+pytest_plugins = ["cpu_accounting"] if os.environ.get("CPU_ACCOUNTING") else []
+
 if TYPE_CHECKING:
     from forgelm_tui.engine.records import RankRecord
     from forgelm_tui.plan import Plan

@@ -1,8 +1,8 @@
 """Where the suite's time goes: each test's wall and CPU (its own and its children's, ranks and
 supervisors included once reaped), a line of JSON per test, one file per worker.
 
-    CPU_ACCOUNTING=/tmp/acct pytest -p cpu_accounting
-    python tests/cpu_accounting.py /tmp/acct      # per file, then the 40 costliest tests
+    CPU_ACCOUNTING=/tmp/acct pytest               # conftest loads this plugin then
+    python tests/cpu_accounting.py /tmp/acct      # per file, the 40 costliest tests, the tail
 
 CPU is the figure to compare on a shared machine: wall moves with the load, CPU much less.
 """
@@ -36,7 +36,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         own2, kids2 = _cpu()
         Path(out).mkdir(parents=True, exist_ok=True)
         with open(Path(out) / f"{os.getpid()}.jsonl", "a") as handle:
-            handle.write(json.dumps({"id": item.nodeid, "wall": time.monotonic() - began,
+            handle.write(json.dumps({"id": item.nodeid, "start": began,
+                                     "wall": time.monotonic() - began,
                                      "self": own2 - own, "kids": kids2 - kids}) + "\n")
 
 
@@ -56,6 +57,13 @@ def report(directory: Path) -> None:
     print()
     for r in sorted(rows, key=lambda r: -(r["self"] + r["kids"]))[:40]:
         print(f"{r['self'] + r['kids']:6.1f} cpu {r['wall']:6.1f} wall  {r['id']}")
+    timed = [r for r in rows if "start" in r]
+    if timed:  # the tail: what each worker ran last, in seconds from the first test's start
+        zero = min(r["start"] for r in timed)
+        print("\nthe tail (start .. end, seconds from the first test):")
+        for r in sorted(timed, key=lambda r: -(r["start"] + r["wall"]))[:15]:
+            begin = r["start"] - zero
+            print(f"{begin:6.1f} .. {begin + r['wall']:6.1f}  {r['id']}")
 
 
 if __name__ == "__main__":
