@@ -3,7 +3,8 @@
 Everything is built locally — no model weights or datasets are downloaded:
 
 * :func:`build_tiny_model` writes a random-weight 2-layer Llama (hidden 32) and a
-  WordLevel tokenizer (trained on a few strings) with ``save_pretrained``.
+  WordLevel tokenizer (trained on a few strings): the files ``save_pretrained`` writes,
+  without importing transformers or torch.
 * :func:`write_dataset` writes a local ``{"text": ...}`` JSONL corpus.
 * :func:`write_job` writes a ForgeLM YAML config pointing at both, with
   ``model.offline: true`` and ``evaluation.require_human_approval`` as requested.
@@ -14,9 +15,9 @@ Everything is built locally — no model weights or datasets are downloaded:
 * :func:`result_envelope` / :func:`read_audit_log` read back what ForgeLM wrote.
 * :func:`recording_cli_cmd`: the forgelm-tui CLI, recording every progress event it shows.
 
-Only the standard library is imported at module level: ``torch`` /
-``transformers`` / ``tokenizers`` are imported lazily inside
-:func:`build_tiny_model` and ``yaml`` inside :func:`write_job`.
+Only the standard library is imported at module level: ``numpy`` / ``safetensors`` /
+``tokenizers`` are imported lazily inside :func:`build_tiny_model` and ``yaml`` inside
+:func:`write_job`.
 
 Usage from a test::
 
@@ -121,7 +122,12 @@ def build_tiny_model(
     Returns ``dir``, loadable with ``AutoModelForCausalLM`` / ``AutoTokenizer``
     and therefore by ForgeLM with ``model.name_or_path: <dir>`` and
     ``model.offline: true``.  ~25k parameters; module names include ``q_proj`` /
-    ``v_proj`` (ForgeLM's default LoRA targets).  Takes ~3-4 s (mostly imports).
+    ``v_proj`` (ForgeLM's default LoRA targets).
+
+    Written without importing transformers or torch (``tokenizers``, ``numpy`` and
+    ``safetensors`` only, ~0.3 s): the files ``save_pretrained`` writes for this
+    model (transformers 5), with its initialisation (normal(0, 0.02) matrices, RMSNorm
+    weights 1). Building it through transformers cost ~8 s of CPU per test session.
     Idempotent and safe against concurrent builders: it builds in a temp
     sibling directory and renames it into place; an existing build is reused.
     """
@@ -130,10 +136,11 @@ def build_tiny_model(
         return dir
     dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = dir.with_name(f".{dir.name}.tmp-{os.getpid()}")
+    tmp.mkdir()
 
-    import torch
+    import numpy as np
+    from safetensors.numpy import save_file
     from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
     specials = [SPECIAL_TOKENS[k] for k in ("pad", "unk", "bos", "eos")]
     tok = Tokenizer(models.WordLevel(unk_token=SPECIAL_TOKENS["unk"]))
@@ -144,33 +151,48 @@ def build_tiny_model(
     )
     # No BOS/EOS post-processing: ForgeLM / TRL append eos themselves (data.add_eos).
     tok.post_processor = processors.TemplateProcessing(single="$A", pair="$A $B")
-    fast_tokenizer_cls: Any = PreTrainedTokenizerFast  # untyped in transformers 5
-    hf_tok = fast_tokenizer_cls(
-        tokenizer_object=tok,
-        pad_token=SPECIAL_TOKENS["pad"],
-        eos_token=SPECIAL_TOKENS["eos"],
-        bos_token=SPECIAL_TOKENS["bos"],
-        unk_token=SPECIAL_TOKENS["unk"],
-        model_max_length=128,
-        padding_side="right",
-    )
+    tok.save(str(tmp / "tokenizer.json"))
+    ids = {name: tok.token_to_id(token) for name, token in SPECIAL_TOKENS.items()}
+    vocab = tok.get_vocab_size()
+    (tmp / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 128,
+        "padding_side": "right", **{f"{name}_token": token
+                                    for name, token in SPECIAL_TOKENS.items()}}, indent=2))
+    heads, inner = 4, hidden_size * 2
+    config = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "dtype": "float32",
+        "vocab_size": vocab, "hidden_size": hidden_size, "intermediate_size": inner,
+        "num_hidden_layers": num_layers, "num_attention_heads": heads,
+        "num_key_value_heads": heads, "head_dim": hidden_size // heads,
+        "max_position_embeddings": 128, "hidden_act": "silu", "rms_norm_eps": 1e-06,
+        "initializer_range": 0.02, "attention_bias": False, "attention_dropout": 0.0,
+        "mlp_bias": False, "pretraining_tp": 1, "tie_word_embeddings": False,
+        "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+        "use_cache": True, "pad_token_id": ids["pad"], "bos_token_id": ids["bos"],
+        "eos_token_id": ids["eos"],
+    }
+    (tmp / "config.json").write_text(json.dumps(config, indent=2))
+    (tmp / "generation_config.json").write_text(json.dumps({
+        "_from_model_config": True, "bos_token_id": ids["bos"], "eos_token_id": ids["eos"],
+        "pad_token_id": ids["pad"], "use_cache": True}, indent=2))
+    rng = np.random.default_rng(seed)
 
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        vocab_size=len(hf_tok),
-        hidden_size=hidden_size,
-        intermediate_size=hidden_size * 2,
-        num_hidden_layers=num_layers,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=128,
-        pad_token_id=hf_tok.pad_token_id,
-        bos_token_id=hf_tok.bos_token_id,
-        eos_token_id=hf_tok.eos_token_id,
-        tie_word_embeddings=False,
-    )
-    LlamaForCausalLM(cfg).save_pretrained(tmp)
-    hf_tok.save_pretrained(tmp)
+    def matrix(rows: int, cols: int) -> Any:
+        return rng.normal(0.0, 0.02, (rows, cols)).astype(np.float32)
+
+    weights = {"model.embed_tokens.weight": matrix(vocab, hidden_size),
+               "model.norm.weight": np.ones(hidden_size, np.float32),
+               "lm_head.weight": matrix(vocab, hidden_size)}
+    for layer in range(num_layers):
+        prefix = f"model.layers.{layer}."
+        for proj in ("q", "k", "v", "o"):
+            weights[f"{prefix}self_attn.{proj}_proj.weight"] = matrix(hidden_size, hidden_size)
+        weights[f"{prefix}mlp.gate_proj.weight"] = matrix(inner, hidden_size)
+        weights[f"{prefix}mlp.up_proj.weight"] = matrix(inner, hidden_size)
+        weights[f"{prefix}mlp.down_proj.weight"] = matrix(hidden_size, inner)
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            weights[f"{prefix}{norm}.weight"] = np.ones(hidden_size, np.float32)
+    save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     try:
         os.rename(tmp, dir)  # atomic; fails if a concurrent builder won the race
     except OSError:

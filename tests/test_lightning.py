@@ -9,8 +9,8 @@ signalled first. With ``forgelm_tui.rank.lightning.StopTogetherCallback`` a SIGT
 only stops every rank at the same step, after a checkpoint (plain Lightning deadlocks there: its
 handler broadcasts inside the handler, against the peer's gradient all-reduce).
 
-Single-process Lightning (the callback without a process group; a training step that raises)
-trains in this process.
+Single-process Lightning (the callback without a process group; a training step that raises):
+test_trainers_in_process.py.
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 import pytest
 from conftest import Run, rank_script, ready_pids, start, wait_for
 from stop_checks import assert_interrupted_from_outside, assert_stopped_together
 
 # Not imported here: collecting this file costs no import of lightning (seconds of CPU in
-# every xdist worker); the ranks import it, and the one test that trains in this process.
+# every xdist worker); the ranks import it.
 pytestmark = [pytest.mark.timeout(75), pytest.mark.skipif(
     importlib.util.find_spec("lightning") is None, reason="needs lightning")]
 DEADLINE = 60  # from launch to the supervisor's exit, on a loaded 2-core machine
@@ -119,82 +119,5 @@ def test_callback_sigterm_to_one_rank_only(tmp_path: Path, marks: Path) -> None:
     for rank in (0, 1):
         assert done[rank]["checkpoint"] == str(checkpoint)
         assert done[rank]["interrupted"] is False
-    import torch
-
-    assert torch.load(checkpoint, weights_only=False)["global_step"] == 5
-
-
-def _fit_in_process(callbacks: list[Any], raise_at_step: int | None = None) -> Any:
-    """A tiny single-device Lightning ``fit`` in this process (CPU); returns the Trainer."""
-    import lightning.pytorch as pl
-    import torch
-    from torch.utils.data import DataLoader, TensorDataset
-
-    class Tiny(pl.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.net = torch.nn.Linear(8, 1)
-
-        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-            if self.global_step == raise_at_step:
-                raise RuntimeError("rank 0: simulated crash in training_step")
-            x, y = batch
-            return torch.nn.functional.mse_loss(self.net(x), y)
-
-        def configure_optimizers(self) -> torch.optim.Optimizer:
-            return torch.optim.SGD(self.parameters(), lr=0.01)
-
-    generator = torch.Generator().manual_seed(0)
-    data = TensorDataset(torch.randn(80, 8, generator=generator),
-                         torch.randn(80, 1, generator=generator))
-    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=40, max_epochs=1, logger=False,
-                         callbacks=callbacks, enable_progress_bar=False,
-                         enable_model_summary=False, num_sanity_val_steps=0)
-    trainer.fit(Tiny(), DataLoader(data, batch_size=2))
-    return trainer
-
-
-def test_callback_single_process_saves_into_the_model_checkpoint_dir(tmp_path: Path) -> None:
-    """In this process: no process group, no checkpoint path. A SIGTERM at step 3 stops ``fit``
-    there; the stop checkpoint goes to ModelCheckpoint's dir; the handlers are put back."""
-    import lightning.pytorch as pl
-    from lightning.pytorch.callbacks import ModelCheckpoint
-
-    from forgelm_tui.rank.lightning import StopTogetherCallback
-
-    stop = StopTogetherCallback()
-
-    class SigtermAtStep3(pl.Callback):
-        def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
-            if trainer.global_step == 3:
-                # Only ever to the callback's handler: never to this process's own.
-                assert signal.getsignal(signal.SIGTERM) == stop.stop._on_signal
-                os.kill(os.getpid(), signal.SIGTERM)
-
-    before = signal.getsignal(signal.SIGTERM)
-    trainer = _fit_in_process([SigtermAtStep3(), ModelCheckpoint(dirpath=tmp_path / "ckpts"),
-                               stop])
-    checkpoint = tmp_path / "ckpts" / "stopped-step=3.ckpt"
-    assert (trainer.global_step, stop.stopped, stop.stopped_at_step) == (3, True, 3)
-    assert stop.checkpoint == str(checkpoint) and trainer.interrupted is False
-    assert signal.getsignal(signal.SIGTERM) == before
-    assert checkpoint.exists()
-
-
-def test_a_lightning_rank_that_raises_is_a_crash(capfd: pytest.CaptureFixture[str]) -> None:
-    """Lightning re-raises a training step's exception out of ``fit`` (the same exception, no
-    ``SystemExit``), after writing what it writes: the rank dies of it with the traceback as its
-    last words, exit 1, which forgelm-tui (engine/crash.py) names as a crash, 2.
-
-    Here in this process, down to the stderr forgelm-tui reads. A real rank doing that under
-    forgelm-tui, its peer stopped: test_crash_and_teardown.py (F01); a peer blocked in a gloo
-    collective: test_exit_codes.py (F07)."""
-    import traceback
-
-    from forgelm_tui.engine.crash import from_stderr
-
-    with pytest.raises(RuntimeError) as raised:
-        _fit_in_process([], raise_at_step=3)
-    written = capfd.readouterr().err  # what Lightning wrote while it handled the exception
-    stderr = written + "".join(traceback.format_exception(raised.value))
-    assert from_stderr(stderr) == ("RuntimeError", "rank 0: simulated crash in training_step")
+        assert done[rank]["checkpoint_global_step"] == 5  # as each rank read the file back
+    assert checkpoint.is_file()

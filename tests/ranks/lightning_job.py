@@ -130,6 +130,10 @@ done = {
     "checkpoint": stop_callback.checkpoint if stop_callback else None,
     "interrupted": trainer.interrupted,
     "sigterm_handler_restored": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
+    # read back from the file Lightning wrote (here, so the test needs no torch of its own)
+    "checkpoint_global_step": (torch.load(stop_callback.checkpoint, weights_only=False)
+                               ["global_step"] if stop_callback and stop_callback.checkpoint
+                               else None),
 }
 mark("done", json.dumps(done))
 print(f"rank {rank}: fit returned at global step {trainer.global_step}: {done}", flush=True)

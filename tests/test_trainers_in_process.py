@@ -1,14 +1,24 @@
-"""The rank helpers' callbacks say "still alive" while a Trainer evaluates and saves, and the
-graceful runner gives every HF Trainer that callback (ForgeLM unchanged).
+"""Real HF and Lightning Trainers training a tiny random model in this process (single process,
+CPU, nothing downloaded): every test of the suite that does, in one module, so that one xdist
+worker pays the libraries' import (~7 s of CPU: Lightning imports transformers too, through
+torchmetrics) rather than three (worksteal hands a module's tests to one worker unless another
+runs dry).
 
-Real HF and Lightning Trainers train a tiny random model in this process (single process, CPU,
-nothing downloaded); a recording channel notes every message and the hook that sent it.
+- The rank helpers' callbacks say "still alive" while a Trainer evaluates and saves (a recording
+  channel notes every message and the hook that sent it), and the graceful runner gives every HF
+  Trainer that callback (ForgeLM unchanged).
+- The stop-together callbacks without a process group (HF, Lightning) stop at the signalled step
+  and put the SIGTERM handler back; their 2-rank runs under forgelm-tui are test_rank_adapters.py
+  and test_lightning.py.
+- A Lightning training step that raises is a crash, down to the stderr forgelm-tui reads.
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import os
+import signal
 import sys
 from pathlib import Path
 from types import FrameType
@@ -157,7 +167,7 @@ def test_the_graceful_runner_gives_every_trainer_the_callback(
 
     In this process, on a stand-in for ``transformers.trainer`` found by the same import
     machinery; transformers' own Trainer gets the callback in the real ForgeLM run
-    (test_forgelm_real.py::test_two_node_forgelm_awaiting_approval_shows_every_training_step:
+    (test_forgelm_real.py::test_two_ranks_of_forgelm_awaiting_approval_show_every_training_step:
     every rank's steps come from the channel)."""
     pytest.importorskip("transformers")
     from forgelm_tui.rank import trainer_hook
@@ -184,3 +194,125 @@ def test_the_graceful_runner_gives_every_trainer_the_callback(
     finally:
         sys.meta_path[:] = meta_path
         sys.modules.pop(name, None)
+
+
+def test_single_process_without_a_process_group(tmp_path: Path) -> None:
+    """In this process, no torch.distributed group: the callback still stops (and saves) at the
+    signalled step, and puts the SIGTERM handler back."""
+    import torch
+    from transformers import (
+        GPT2Config,
+        GPT2LMHeadModel,
+        Trainer,
+        TrainerCallback,
+        TrainingArguments,
+    )
+
+    from forgelm_tui.rank.hf import StopTogetherCallback
+
+    stop = StopTogetherCallback()
+
+    class SigtermAtStep3(TrainerCallback):
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if state.global_step == 3:
+                # Only ever to the callback's handler: never to this process's own.
+                assert signal.getsignal(signal.SIGTERM) == stop.stop._on_signal
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    class Tokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
+        ids = torch.randint(0, 32, (40, 8), generator=torch.Generator().manual_seed(0))
+
+        def __len__(self) -> int:
+            return len(self.ids)
+
+        def __getitem__(self, index: int) -> dict[str, Any]:
+            return {"input_ids": self.ids[index], "labels": self.ids[index]}
+
+    config = GPT2Config(vocab_size=32, n_positions=8, n_embd=8, n_layer=1, n_head=2,
+                        bos_token_id=0, eos_token_id=0)
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"), max_steps=20, per_device_train_batch_size=2,
+        save_strategy="no", report_to="none", use_cpu=True, disable_tqdm=True)
+    before = signal.getsignal(signal.SIGTERM)
+    trainer = Trainer(model=GPT2LMHeadModel(config), args=args, train_dataset=Tokens(),
+                      callbacks=[SigtermAtStep3(), stop])
+    trainer.train()
+    assert trainer.state.global_step == 3 and stop.stopped_at_step == 3
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["checkpoint-3"]
+    assert signal.getsignal(signal.SIGTERM) == before
+
+
+def _fit_in_process(callbacks: list[Any], raise_at_step: int | None = None) -> Any:
+    """A tiny single-device Lightning ``fit`` in this process (CPU); returns the Trainer."""
+    import lightning.pytorch as pl
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    class Tiny(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Linear(8, 1)
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            if self.global_step == raise_at_step:
+                raise RuntimeError("rank 0: simulated crash in training_step")
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.net(x), y)
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    generator = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(80, 8, generator=generator),
+                         torch.randn(80, 1, generator=generator))
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=40, max_epochs=1, logger=False,
+                         callbacks=callbacks, enable_progress_bar=False,
+                         enable_model_summary=False, num_sanity_val_steps=0)
+    trainer.fit(Tiny(), DataLoader(data, batch_size=2))
+    return trainer
+
+
+def test_callback_single_process_saves_into_the_model_checkpoint_dir(tmp_path: Path) -> None:
+    """In this process: no process group, no checkpoint path. A SIGTERM at step 3 stops ``fit``
+    there; the stop checkpoint goes to ModelCheckpoint's dir; the handlers are put back."""
+    import lightning.pytorch as pl
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from forgelm_tui.rank.lightning import StopTogetherCallback
+
+    stop = StopTogetherCallback()
+
+    class SigtermAtStep3(pl.Callback):
+        def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+            if trainer.global_step == 3:
+                # Only ever to the callback's handler: never to this process's own.
+                assert signal.getsignal(signal.SIGTERM) == stop.stop._on_signal
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    before = signal.getsignal(signal.SIGTERM)
+    trainer = _fit_in_process([SigtermAtStep3(), ModelCheckpoint(dirpath=tmp_path / "ckpts"),
+                               stop])
+    checkpoint = tmp_path / "ckpts" / "stopped-step=3.ckpt"
+    assert (trainer.global_step, stop.stopped, stop.stopped_at_step) == (3, True, 3)
+    assert stop.checkpoint == str(checkpoint) and trainer.interrupted is False
+    assert signal.getsignal(signal.SIGTERM) == before
+    assert checkpoint.exists()
+
+
+def test_a_lightning_rank_that_raises_is_a_crash(capfd: pytest.CaptureFixture[str]) -> None:
+    """Lightning re-raises a training step's exception out of ``fit`` (the same exception, no
+    ``SystemExit``), after writing what it writes: the rank dies of it with the traceback as its
+    last words, exit 1, which forgelm-tui (engine/crash.py) names as a crash, 2.
+
+    Here in this process, down to the stderr forgelm-tui reads. A real rank doing that under
+    forgelm-tui, its peer stopped: test_crash_and_teardown.py (F01); a peer blocked in a gloo
+    collective: test_exit_codes.py (F07)."""
+    import traceback
+
+    from forgelm_tui.engine.crash import from_stderr
+
+    with pytest.raises(RuntimeError) as raised:
+        _fit_in_process([], raise_at_step=3)
+    written = capfd.readouterr().err  # what Lightning wrote while it handled the exception
+    stderr = written + "".join(traceback.format_exception(raised.value))
+    assert from_stderr(stderr) == ("RuntimeError", "rank 0: simulated crash in training_step")
