@@ -50,15 +50,6 @@ def test_sigterm_to_one_rank_stops_every_rank_at_the_next_agreement(tmp_path: Pa
     assert sorted(p.name for p in (marks / "out").iterdir()) == ["checkpoint-6"]
 
 
-def test_latest_loss_reads_the_newest_logged_loss() -> None:
-    from forgelm_tui.rank.hf import latest_loss
-
-    history = [{"loss": 3.0, "step": 1}, {"loss": 2.5, "step": 2}, {"eval_loss": 9.0, "step": 2}]
-    assert latest_loss(history) == 2.5
-    assert latest_loss([]) is None
-    assert latest_loss([{"train_loss": 1.0}]) is None
-
-
 @pytest.mark.timeout(60)
 def test_importing_the_rank_helpers_imports_no_training_library() -> None:
     code = ("import sys, forgelm_tui.rank, forgelm_tui.rank.graceful; "

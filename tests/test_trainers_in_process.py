@@ -196,6 +196,15 @@ def test_the_graceful_runner_gives_every_trainer_the_callback(
         sys.modules.pop(name, None)
 
 
+def test_latest_loss_reads_the_newest_logged_loss() -> None:
+    from forgelm_tui.rank.hf import latest_loss  # the module imports transformers
+
+    history = [{"loss": 3.0, "step": 1}, {"loss": 2.5, "step": 2}, {"eval_loss": 9.0, "step": 2}]
+    assert latest_loss(history) == 2.5
+    assert latest_loss([]) is None
+    assert latest_loss([{"train_loss": 1.0}]) is None
+
+
 def test_single_process_without_a_process_group(tmp_path: Path) -> None:
     """In this process, no torch.distributed group: the callback still stops (and saves) at the
     signalled step, and puts the SIGTERM handler back."""
