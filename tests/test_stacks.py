@@ -364,7 +364,9 @@ def test_py_spy_not_permitted_and_too_slow_are_notes(tmp_path: Path) -> None:
         slow = _fake_py_spy(tmp_path, "exec sleep 30")
         result, took, _ = _capture(tmp_path, record, slow, deadline=1.0)
         assert took <= 1.0 + 0.3, took
+        # py-spy's own timer ran out, or (a loaded machine) the capture's deadline came first
         assert result.ranks[0].stuck_at is None and "in time" in (result.ranks[0].note or "")
+        assert "py-spy" in (result.ranks[0].note or "")
         assert proc.poll() is None
     finally:
         proc.kill()

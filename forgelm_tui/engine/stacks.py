@@ -62,6 +62,7 @@ class StackCapture:
         self._task: asyncio.Task[ev.StacksCaptured] | None = None
         self._targets: dict[int, RankRecord] = {}
         self._waiters: list[Callable[[], None]] = []
+        self._asked: dict[int, str] = {}  # rank -> what its capture waits on now (late notes)
 
     @property
     def busy(self) -> bool:
@@ -109,6 +110,7 @@ class StackCapture:
     async def capture(self, targets: Sequence[RankRecord], reason: str) -> ev.StacksCaptured:
         """Every target's stacks, concurrently; those not read by the deadline get a note."""
         began, began_at = time.monotonic(), time.time()
+        self._asked = {}
         until = began + max(0.0, self.deadline - FINISH_MARGIN)
         jobs = {r.rank: asyncio.ensure_future(self._one(r, reason, until)) for r in targets}
         await asyncio.wait(jobs.values(), timeout=max(0.0, until - time.monotonic()))
@@ -120,8 +122,10 @@ class StackCapture:
         results = []
         for record in targets:
             job = jobs[record.rank]
-            if job.cancelled() or not job.done():
+            if job.cancelled() or not job.done():  # on a loaded machine, also its own timer's
                 note = f"no stacks within the {self.deadline:g} s deadline"
+                if asked := self._asked.get(record.rank):
+                    note += f" ({asked} had not answered in time)"
                 results.append(ev.RankStacks(record.rank, None, None, None, note))
             elif (error := job.exception()) is not None:
                 note = f"capture failed: {error}"
@@ -163,6 +167,7 @@ class StackCapture:
         offset = _append(path, _header(record, reason, "faulthandler"))
         if offset is None or not self._signal_rank(record, f"where is it stuck ({reason})"):
             return None
+        self._asked[record.rank] = "its handler"
         size, changed = offset, time.monotonic()
         while time.monotonic() < until:
             await asyncio.sleep(POLL)
@@ -186,6 +191,7 @@ class StackCapture:
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         except OSError as exc:
             return ev.RankStacks(record.rank, None, None, None, f"py-spy did not start: {exc}")
+        self._asked[record.rank] = "py-spy"
         try:
             out, err = await asyncio.wait_for(proc.communicate(),
                                               max(0.0, until - 2 * POLL - time.monotonic()))
