@@ -41,22 +41,9 @@ def test_the_demo_s_options_reach_its_ranks(tmp_path: Path) -> None:
     assert plan.spec.nproc_per_node == 2 and plan.info.mode == "demo"
 
 
-# A rank exiting with --fail-code: test_multinode.py::test_demo_rank_on_node_1_fails_mid_run.
-
-
-def test_demo_crash_leaves_its_traceback_in_the_envelope(tmp_path: Path) -> None:
-    """One rank (a peer stopped after a crash: test_crash_and_teardown.py, F01)."""
-    run = run_cli(["demo", "--nproc-per-node", "1", "--steps", "50", "--step-time", "0.05",
-                   "--fail-rank", "0", "--fail-step", "3", "--fail-raise"], tmp_path, timeout=80)
-    assert run.proc.returncode == 2  # exit 1 with a traceback: a crash (issue 12)
-    envelope = run.envelope()
-    assert envelope["root_cause_rank"] == 0
-    assert envelope["exception"] == {"rank": 0, "type": "RuntimeError",
-                                     "message": "rank 0: simulated crash at step 3"}
-    error = envelope["ranks"][0]["error"]
-    assert error is not None
-    assert "simulated crash at step 3" in error["message"]
-    assert "RuntimeError" in error["traceback"] or "raise RuntimeError" in error["traceback"]
+# A demo rank crashing (--fail-raise: the exception and traceback in the envelope), across
+# nodes: test_multinode.py::test_demo_rank_on_node_1_crashes_mid_run. A rank's own exit code
+# as the root cause: test_exit_codes.py.
 
 
 def test_cancelling_the_demo_stops_every_rank_at_the_same_step(tmp_path: Path) -> None:

@@ -89,25 +89,29 @@ def test_slurm_nodes_agree_on_rank0_s_outcome_and_drain_the_rest(tmp_path: Path)
     assert "node 1 (" in out and "rank 2 on node 1 exited with 0" in out
 
 
-def test_demo_rank_on_node_1_fails_mid_run(tmp_path: Path) -> None:
-    """The demo's ranks train over gloo across the nodes; rank 1 (node 1) exits 2 at step 3
-    while rank 0 waits in the all-reduce: every node stops, exits 2 and names rank 1."""
+def test_demo_rank_on_node_1_crashes_mid_run(tmp_path: Path) -> None:
+    """The demo's ranks train over gloo across the nodes; rank 1 (node 1) raises at step 3
+    while rank 0 waits in the all-reduce: every node stops, exits 2 and names rank 1, its
+    exception and its traceback (read on node 1, in every node's envelope). A rank's own exit
+    code as the root cause: test_exit_codes.py; across nodes: the scheduler and lost-node
+    tests below."""
     nodes = start_nodes(2, ["demo", "--steps", "50", "--step-time", "0.05", "--fail-rank", "1",
-                            "--fail-step", "3", "--fail-code", "2"], tmp_path,
+                            "--fail-step", "3", "--fail-raise"], tmp_path,
                         common=["--grace", "5", "--nproc-per-node", "1"])
-    assert wait_all(nodes) == [2, 2]
+    assert wait_all(nodes) == [2, 2]  # exit 1 with a traceback: a crash (issue 12)
     envelope = same_envelopes(nodes)
     assert envelope["mode"] == "demo" and envelope["world_size"] == 2
-    assert envelope["decided_by"] == {"rule": 2, "rank": 1,
-                                      "explanation": "root cause: rank 1 failed on its own "
-                                                     "(exit 2)"}
-    assert envelope["root_cause_rank"] == 1 and envelope["ranks"][1]["exit_code"] == 2
+    assert envelope["decided_by"]["rule"] == 2 and envelope["decided_by"]["rank"] == 1
+    assert envelope["root_cause_rank"] == 1 and envelope["ranks"][1]["exit_code"] == 1
+    assert envelope["exception"] == {"rank": 1, "type": "RuntimeError",
+                                     "message": "rank 1: simulated crash at step 3"}
+    error = envelope["ranks"][1]["error"]
+    assert error is not None and "simulated crash at step 3" in error["message"]
+    assert "RuntimeError" in error["traceback"] or "raise RuntimeError" in error["traceback"]
     assert envelope["stop"]["origin_node"] == 1 and envelope["stop"]["kind"] == "failure"
     outs = [node.output()[0] for node in nodes]
     for out in outs:
-        assert "root cause: rank 1 failed on its own (exit 2)" in out
         assert "[forgelm-tui] exit 2 EXIT_TRAINING_ERROR (root cause: rank 1" in out
-    assert "stopping: rank 1 failed (exit 2)" in outs[1]
     no_orphans([p for n in nodes for p in n.rank_pids()])
 
 
