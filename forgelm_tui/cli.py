@@ -44,6 +44,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     except SystemExit as exc:  # --help / --version
         return int(exc.code or 0)
+    for warning in plan.warnings:  # also in the envelope's settings, for the TUI's users
+        stderr_line(f"[forgelm-tui] warning: {warning}")
     if plan.view == "tui":
         from forgelm_tui.tui.launch import execute_tui
 

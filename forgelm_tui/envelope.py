@@ -220,6 +220,8 @@ def build(
         "master_port": info.master_port,
         "settings": {
             "grace_s": info.grace,
+            "grace_source": info.grace_source,
+            "kill_window_s": info.kill_window,
             "drain_s": info.drain,
             "stall_timeout_s": info.stall_timeout,
             "graceful": info.graceful,

@@ -62,6 +62,15 @@ def _add_node_timeouts(own: argparse._ArgumentGroup) -> None:
                      help="multi-node: a node silent this long is lost and the run stops (10)")
 
 
+def _add_grace(own: argparse._ArgumentGroup) -> None:
+    own.add_argument("--grace", type=float, default=None, metavar="S",
+                     help="SIGTERM -> SIGKILL wait when stopping, in seconds (default 30; "
+                          "under a scheduler its kill window less 5 s: docs/schedulers.md)")
+    own.add_argument("--kill-wait", type=float, default=None, metavar="S",
+                     help="the scheduler's SIGTERM -> SIGKILL window, where it cannot be read "
+                          "(also FORGELM_TUI_KILL_WAIT; under SLURM: KillWait)")
+
+
 def _add_launch_options(parser: argparse.ArgumentParser) -> None:
     tr = parser.add_argument_group("torchrun-compatible options")
     tr.add_argument("--nproc-per-node", "--nproc_per_node", dest="nproc_per_node",
@@ -96,8 +105,7 @@ def _add_launch_options(parser: argparse.ArgumentParser) -> None:
     own = parser.add_argument_group("forgelm-tui options")
     _add_node_timeouts(own)
     _add_restart_backoff(own)
-    own.add_argument("--grace", type=float, default=30.0, metavar="S",
-                     help="SIGTERM -> SIGKILL wait when stopping, in seconds (default 30)")
+    _add_grace(own)
     own.add_argument("--drain", type=float, default=60.0, metavar="S",
                      help="after rank 0 ends with an outcome, how long the others may take "
                           "(default 60)")

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from forgelm_tui.cluster.config import ClusterConfig, cluster_config
+from forgelm_tui.cluster.kill_wait import GraceChoice, KillWaitError, choose_grace
 from forgelm_tui.engine.spec import LaunchSpec
 from forgelm_tui.forgelm_mode import JobConfigError, find_config_arg, read_job_config
 from forgelm_tui.options import (
@@ -50,6 +51,8 @@ class RunInfo:
     started_at: float | None = None
     ended_at: float | None = None
     grace: float | None = None
+    grace_source: str | None = None  # --grace, default, or the scheduler window's source
+    kill_window: float | None = None  # the scheduler's SIGTERM -> SIGKILL window, where known
     drain: float | None = None
     stall_timeout: float | None = None
     graceful: bool = False
@@ -74,6 +77,7 @@ class Plan:
     forgelm_mode: bool = False
     cluster: ClusterConfig | None = None  # multi-node (SPEC §8); None on one node
     cluster_root: Path | None = None  # --run-dir of a multi-node run: node-<i> goes inside
+    warnings: list[str] = field(default_factory=list)  # one line each, printed before launch
 
 
 class Planner:
@@ -107,6 +111,7 @@ class Planner:
         if ns.envelope is not None:
             self.extra_paths.append(ns.envelope.absolute())
         self._check_options(ns)
+        grace = self._grace(ns)
         default_nproc = 2 if target.mode == "demo" else 1
         nproc = parse_count(ns.nproc_per_node, "--nproc-per-node", default_nproc)
         cluster = cluster_config(ns, nproc, self.run_id, os.environ)
@@ -127,20 +132,17 @@ class Planner:
             master_port=port,
             nnodes=cluster.nnodes if cluster else 1,
             node_rank=(cluster.node_rank or 0) if cluster else 0,
-            grace=ns.grace,
+            grace=grace.grace,
             drain=ns.drain,
             stall_timeout=ns.stall_timeout,
             forward_signals=parse_signals(ns.forward_signals),
             cwd=self.cwd, max_restarts=self.info.max_restarts,
         )
         info = self.info
-        info.rank_argv = list(argv)
-        info.world_size = spec.world_size
-        info.nproc_per_node = nproc
-        info.master_addr = spec.master_addr
-        info.master_port = port
+        info.rank_argv, info.world_size, info.nproc_per_node = list(argv), spec.world_size, nproc
+        info.master_addr, info.master_port = spec.master_addr, port
         info.run_dir = str(self.run_dir)
-        info.grace, info.drain, info.stall_timeout = ns.grace, ns.drain, ns.stall_timeout
+        info.grace, info.drain, info.stall_timeout = grace.grace, ns.drain, ns.stall_timeout
         return Plan(
             spec=spec,
             info=info,
@@ -151,7 +153,21 @@ class Planner:
             forgelm_mode=info.mode == "forgelm",
             cluster=cluster,
             cluster_root=ns.run_dir.absolute() if cluster and ns.run_dir else None,
+            warnings=[grace.warning] if grace.warning else [],
         )
+
+    def _grace(self, ns: argparse.Namespace) -> GraceChoice:
+        """The stop's grace: --grace, else fitted to the scheduler's kill window where one is
+        known (cluster/kill_wait.py), else 30 s."""
+        if ns.kill_wait is not None and ns.kill_wait <= 0:
+            raise UsageError("--kill-wait must be more than 0 seconds")
+        try:
+            choice = choose_grace(ns.grace, ns.kill_wait, os.environ)
+        except KillWaitError as exc:
+            raise UsageError(str(exc)) from None
+        self.info.grace, self.info.grace_source = choice.grace, choice.source
+        self.info.kill_window = choice.window
+        return choice
 
     def _rendezvous(self, ns: argparse.Namespace,
                     cluster: ClusterConfig | None) -> tuple[str, int]:
