@@ -238,7 +238,7 @@ def build(
         ],
         "forwarded_signals": [
             {"signal": _sig_name(f.signal), "source": f.source.value, "by": f.origin,
-             "at": iso(f.at), "ranks": list(f.ranks)}
+             "at": iso(f.at), "ranks": list(f.ranks), "held_since": iso(f.held_since)}
             for f in forwards
         ],
         "descendants": [descendant_dict(d) for d in descendants],

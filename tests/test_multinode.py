@@ -115,6 +115,36 @@ def test_demo_rank_on_node_1_crashes_mid_run(tmp_path: Path) -> None:
     no_orphans([p for n in nodes for p in n.rank_pids()])
 
 
+def _handles(pid: int, sig: int) -> bool:
+    from forgelm_tui.engine.sampler import signal_masks
+
+    return bool(signal_masks(pid)[0] & 1 << (sig - 1))
+
+
+def test_a_signal_while_the_nodes_join_is_held_until_the_rank_handles_it(
+        tmp_path: Path, marks: Path) -> None:
+    """sbatch --signal=USR1@N can fire while the nodes still join: node 1's supervisor holds
+    the SIGUSR1 and gives it to its rank once the rank has a handler for it; node 0's rank,
+    whose supervisor never got it, never does."""
+    port = free_port_pair()
+    (node1,) = start_nodes(2, [SLEEPER, str(marks)], tmp_path, port=port, ranks=[1])
+    wait_for(lambda: _handles(node1.proc.pid, signal.SIGUSR1), 30, "node 1's signal handlers")
+    node1.proc.send_signal(signal.SIGUSR1)  # no rank anywhere yet
+    (node0,) = start_nodes(2, [SLEEPER, str(marks)], tmp_path, port=port, ranks=[0])
+    nodes = [node0, node1]
+    ready_pids(marks, 2)
+    wait_for(lambda: (marks / "got-SIGUSR1-1").exists(), 30, "rank 1 to get the held SIGUSR1")
+    for node in nodes:
+        node.proc.send_signal(signal.SIGTERM)
+    assert wait_all(nodes) == [2, 2]
+    assert not (marks / "got-SIGUSR1-0").exists()
+    envelope = same_envelopes(nodes)  # every node's forwards, each with its node
+    (forward,) = envelope["forwarded_signals"]
+    assert forward["signal"] == "SIGUSR1" and forward["ranks"] == [1]
+    assert forward["node_rank"] == 1
+    assert forward["held_since"] is not None and forward["held_since"] < forward["at"]
+
+
 def test_scheduler_sigterm_to_every_supervisor_is_one_stop_a_second_kills(
         tmp_path: Path, marks: Path) -> None:
     """scancel signals every node's supervisor at once: one cause, one stop, no SIGKILL (the

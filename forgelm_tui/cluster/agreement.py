@@ -72,6 +72,9 @@ def merge(base: dict[str, Any], finals: dict[int, dict[str, Any]], verdict: Verd
     envelope["cancel_requests"] = [
         {**c, "node_rank": node} for node, f in sorted(finals.items())
         for c in f["envelope"]["cancel_requests"]]
+    envelope["forwarded_signals"] = [  # each node forwards what its own supervisor got
+        {**f_, "node_rank": node} for node, f in sorted(finals.items())
+        for f_ in f["envelope"].get("forwarded_signals", [])]
     envelope["descendants"] = [  # each node stopped what its own ranks left
         {**d, "node_rank": node} for node, f in sorted(finals.items())
         for d in f["envelope"].get("descendants", [])]

@@ -231,6 +231,7 @@ class ForwardRequest:
     signal: int
     at: float
     ranks: tuple[int, ...]  # the ranks it reached
+    held_since: float | None = None  # it came before any rank started: held until they did
 
 
 @dataclass

@@ -12,6 +12,7 @@ import os
 import signal
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import replace
 
 from forgelm_tui.channel import CHANNEL_ENV, STACKS_ENV, STACKS_SIGNAL, Message
 from forgelm_tui.engine import events as ev
@@ -21,6 +22,7 @@ from forgelm_tui.engine.events import Purpose, RankState
 from forgelm_tui.engine.fanout import Fanout, Listener
 from forgelm_tui.engine.faults import FaultGuard, SupervisorError, listener_name
 from forgelm_tui.engine.guardian import Guardian
+from forgelm_tui.engine.held_forwards import HeldForwards
 from forgelm_tui.engine.output import OutputDrain
 from forgelm_tui.engine.own_signals import OwnSignals
 from forgelm_tui.engine.policy import HANG_UP, OUTSIDE_SIGNAL, Peers, StopPolicy, settings_for
@@ -55,6 +57,7 @@ class Supervisor:
                         for local in range(spec.nproc_per_node)}
         self.launch_error: str | None = None
         self.forwards: list[ForwardRequest] = []  # for the envelope: what, to whom, who asked
+        self._held = HeldForwards()  # forwards that came before the ranks could take them
         self.started_at: float | None = None
         self.ended_at: float | None = None
         self.descendants = Descendants(self.records, guardian)  # what ranks leave outside groups
@@ -140,6 +143,7 @@ class Supervisor:
                                     str(self.spec.run_dir), self.started_at,
                                     self.spec.node_rank, self.spec.nnodes))
             self._spawn_all(channel)
+            self._held.release(r.rank for r in self.records.values() if r.pid is not None)
             self._sampling.start()
             self.descendants.watch()
             self._check_finished()
@@ -153,6 +157,7 @@ class Supervisor:
             if channel is not None:
                 channel.close()
             self.ended_at = time.time()
+            self.forwards.extend(self._held.close())  # held, never (fully) passed on
         self.emit(ev.RunFinished(self.ended_at))
 
     def adopt(self, spec: LaunchSpec) -> None:
@@ -233,6 +238,8 @@ class Supervisor:
                                      record.children, age, record.caught_mask,
                                      record.ignored_mask))
         self._policy.progress_checked(now)
+        for request in self._held.deliver(self.records.values(), self.signal_ranks):
+            self._forwarded(request)  # held ones, to the ranks that handle them by now
 
     # ----------------------------------------------------------------- commands
 
@@ -266,13 +273,19 @@ class Supervisor:
 
     def forward(self, sig: int, origin: str | None = None,
                 source: CancelSource = CancelSource.SIGNAL) -> None:
-        """Pass a signal to every live rank's main process without stopping anything."""
+        """A signal to every live rank's main process, nothing stopped (held before they start)."""
+        origin = origin or f"{signal_name(sig)} to the supervisor"
+        request = ForwardRequest(source, origin, sig, time.time(), ())
+        if not self._launched:
+            self._held.hold(request)
+            return
         sent = self.signal_ranks(self._policy.live(), sig, Purpose.FORWARD,
                                  f"{signal_name(sig)} forwarded from the supervisor")
-        ranks, at = tuple(r.rank for r in sent), time.time()
-        origin = origin or f"{signal_name(sig)} to the supervisor"
-        self.forwards.append(ForwardRequest(source, origin, sig, at, ranks))
-        self.emit(ev.SignalForwarded(sig, ranks, at))
+        self._forwarded(replace(request, at=time.time(), ranks=tuple(r.rank for r in sent)))
+
+    def _forwarded(self, request: ForwardRequest) -> None:
+        self.forwards.append(request)
+        self.emit(ev.SignalForwarded(request.signal, request.ranks, request.at))
 
     def request_stacks(self, origin: str = "operator") -> bool:
         """Capture every live rank's stacks now (nothing stops); False while one is under way
