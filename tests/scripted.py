@@ -335,8 +335,9 @@ def scripted_app(name: str, *, envelope_dir: Path | None = None,
 
 async def _settled_log(pilot: Any, app: Any) -> None:
     """Wait until a following log pane shows its newest line on two pauses in a row: the
-    curves' mount shrinks the pane, and on a loaded machine its resize (which scrolls the pane
-    back to the end) could land after the snapshot, one line short."""
+    curves' mount shrinks the pane, which must then scroll itself back to its end (Textual may
+    send it no Resize: LogPane._size_updated). Without that the pane stays a line short and
+    this wait fails."""
     from forgelm_tui.tui.widgets.log_pane import LogPane
 
     pane = app.query_one(LogPane)

@@ -62,15 +62,12 @@ class HeldForwards:
             sig = held.request.signal
             reason = f"{signal_name(sig)} forwarded from the supervisor (held until the rank " \
                      "handled it)"
-
-            def send(record: RankRecord, sig: int = sig, reason: str = reason) -> bool:
-                return bool(signal_ranks([record], sig, Purpose.FORWARD, reason))
-
             for rank in sorted(held.waiting):
                 record = live.get(rank)
                 if record is None:
                     held.waiting.discard(rank)  # ended before it could take it
-                elif handles(record.caught_mask, record.ignored_mask, sig) and send(record):
+                elif handles(record.caught_mask, record.ignored_mask, sig) and \
+                        signal_ranks([record], sig, Purpose.FORWARD, reason):
                     held.waiting.discard(rank)
                     held.reached.append(rank)
             if not held.waiting:
