@@ -140,6 +140,7 @@ def rank_dict(
         "reported_signal": record.reported_signal,
         "stopped_from_outside": record.foreign_stop,
         "forwarded_death": record.forwarded_death,
+        "killed_from_outside": record.outside_death,
         "stderr_tail": list(record.stderr_tail)[-ERROR_TAIL_LINES:] if failed else None,
         "error": _error_file(record.error_file) if failed else None,
         "exception": None if record.crash is None else {
@@ -233,12 +234,15 @@ def build(
         "duration_s": duration,
         "cancel_requests": [
             {"source": c.source.value, "by": c.origin, "signal": _sig_name(c.signal),
-             "at": iso(c.at), "effect": c.effect}
+             "at": iso(c.at), "effect": c.effect,
+             "sender": None if c.sender is None else c.sender.as_dict()}
             for c in cancels
         ],
         "forwarded_signals": [
             {"signal": _sig_name(f.signal), "source": f.source.value, "by": f.origin,
-             "at": iso(f.at), "ranks": list(f.ranks), "held_since": iso(f.held_since)}
+             "at": iso(f.at), "ranks": list(f.ranks), "held_since": iso(f.held_since),
+             "sender": None if f.sender is None else f.sender.as_dict(),
+             "sent_by_scheduler": f.by_scheduler}
             for f in forwards
         ],
         "descendants": [descendant_dict(d) for d in descendants],

@@ -19,8 +19,9 @@ from forgelm_tui.control.server import serving
 from forgelm_tui.ending import RunEnding
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.guardian import Guardian
-from forgelm_tui.engine.own_signals import OwnSignals
+from forgelm_tui.engine.own_signals import OwnSignals, take_senders
 from forgelm_tui.engine.records import CancelRequest, CancelSource
+from forgelm_tui.engine.signal_inbox import Sender
 from forgelm_tui.engine.supervisor import Supervisor
 from forgelm_tui.headless import HeadlessView, OutputSink, ending_notes
 from forgelm_tui.internal_error import report_internal_error
@@ -113,18 +114,18 @@ class Session:
         self.supervisor.kill_now(origin, source)
 
     def forward(self, sig: int, origin: str | None = "operator",
-                source: CancelSource = CancelSource.OPERATOR) -> None:
+                source: CancelSource = CancelSource.OPERATOR, sender: Sender | None = None) -> None:
         if self.chain.backoff is None:  # between two attempts there is no rank to forward to
-            self.supervisor.forward(sig, origin, source)
+            self.supervisor.forward(sig, origin, source, sender)
 
     # the supervisor's own signal handlers (engine/own_signals.py), for the whole run
 
-    def signalled(self, sig: int) -> None:
+    def signalled(self, sig: int, sender: Sender | None = None) -> None:
         if self.chain.backoff is not None:
             self.request_cancel(f"{signal_name(sig)} to the supervisor", sig,
                                 source=CancelSource.SIGNAL)
             return
-        self.supervisor.signalled(sig)
+        self.supervisor.signalled(sig, sender)
 
     def request_stacks(self, origin: str = "operator") -> bool:
         return self.chain.backoff is None and self.supervisor.request_stacks(origin)
@@ -194,6 +195,7 @@ async def _run_then_ignore_signals(session: Session) -> RunEnding:
 def execute(plan: Plan) -> int:
     """Run the plan headless to the end and return the process exit code."""
     guardian = Guardian()  # forked first, before any thread exists
+    take_senders(plan.spec.forward_signals)  # ...and this before any thread exists too
     sink = OutputSink(2 if plan.output_format == "json" else 1)
     session = Session(plan, guardian)
     view = HeadlessView(sink)

@@ -74,6 +74,9 @@ class RankEnding:
     foreign_stop: bool = False  # it reported a stop signal forgelm-tui had not sent
     foreign_mono: float = float("inf")  # when it reported that (orders "who got it first")
     forwarded_death: bool = False  # it died of a signal forgelm-tui forwarded to it
+    # It died of the stop signal a scheduler sent every process of the step, in the same burst
+    # as the supervisor's own copy (SPEC §10): part of the outside stop, rule 4.
+    outside_death: bool = False
     # It died of an uncaught Python exception: (type, message), from its error file or the
     # traceback at the end of its stderr (engine/crash.py reads them; this module reads nothing).
     crash: tuple[str, str] | None = None
@@ -82,7 +85,7 @@ class RankEnding:
     @property
     def failed_on_own(self) -> bool:
         """Ended in failure without the supervisor having signalled it first."""
-        if self.signalled_first or self.forwarded_death:
+        if self.signalled_first or self.forwarded_death or self.outside_death:
             return False
         if self.signal is not None:
             return True
@@ -236,7 +239,7 @@ def _outcome(rank0: RankEnding, outcomes: Sequence[RankEnding], stop: StopFacts 
              contract: Contract, collateral: tuple[int, ...]) -> Verdict:
     """No root cause: rule 4 if the run was interrupted, else rule 3 (rank 0's own code)."""
     interrupted = sorted(
-        (o for o in outcomes if o.foreign_stop or o.forwarded_death),
+        (o for o in outcomes if o.foreign_stop or o.forwarded_death or o.outside_death),
         key=lambda o: (o.foreign_mono if o.foreign_stop else o.ended_mono, o.ended_mono, o.rank),
     )
     if stop is not None and stop.kind is StopKind.STALL and rank0.signalled_first:
@@ -278,6 +281,10 @@ def _stopped(
         deciding = first.rank
         text = f"interrupted: rank {deciding} stopped on a signal from outside"
         sig = signal.SIGTERM
+        if first.outside_death and first.signal is not None:
+            text = (f"interrupted: rank {deciding} ended on {signal_name(first.signal)} from "
+                    "outside, with the supervisor's")
+            sig = first.signal
     else:
         deciding = rank0.rank
         kind = stop.kind.value if stop else "stop"

@@ -8,8 +8,9 @@
 | SIGPIPE | ignored: a closed stdout is EPIPE, handled where it is written (the output sink) |
 | SIGTTOU | ignored: a backgrounded run writing to its terminal is not stopped |
 
-The handlers run on the event loop (``loop.add_signal_handler``) and go to a
-:class:`SignalTarget`: the running attempt's supervisor, or the session between two attempts.
+The handlers run on the event loop (``loop.add_signal_handler``), with the signal's sender when
+the inbox knows it (engine/signal_inbox.py), and go to a :class:`SignalTarget`: the running
+attempt's supervisor, or the session between two attempts.
 SIGPIPE and SIGTTOU are ignored for the whole process (``ignore_terminal_signals``): ranks
 inherit that, and it changes nothing for them (their output is pipes, their session has no
 terminal; Python, the ranks' usual interpreter, ignores SIGPIPE itself).
@@ -19,11 +20,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import signal
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from forgelm_tui.engine import signal_inbox
 from forgelm_tui.engine.records import CancelSource
+from forgelm_tui.engine.signal_inbox import Sender
 from forgelm_tui.signames import signal_name
 
 STOP_SIGNALS: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -32,10 +36,10 @@ IGNORED: tuple[int, ...] = (signal.SIGPIPE, signal.SIGTTOU)
 
 
 class SignalTarget(Protocol):
-    def signalled(self, sig: int) -> None: ...  # a stop signal: a cancel
+    def signalled(self, sig: int, sender: Sender | None = ...) -> None: ...  # a cancel
     def request_stacks(self, origin: str = ...) -> bool: ...
-    def forward(self, sig: int, origin: str | None = ...,
-                source: CancelSource = ...) -> None: ...
+    def forward(self, sig: int, origin: str | None = ..., source: CancelSource = ...,
+                sender: Sender | None = ...) -> None: ...
 
 
 def ignore_terminal_signals() -> None:
@@ -43,6 +47,12 @@ def ignore_terminal_signals() -> None:
     for sig in IGNORED:
         with contextlib.suppress(ValueError, OSError):  # not the main thread: nothing to do
             signal.signal(sig, signal.SIG_IGN)
+
+
+def take_senders(forward_signals: Sequence[int]) -> bool:
+    """From now on, know who sent each signal handled here (engine/signal_inbox.py). Call
+    before any thread starts; False where that is too late (nothing changes then)."""
+    return signal_inbox.start((*STOP_SIGNALS, STACKS_REQUEST, *forward_signals))
 
 
 class OwnSignals:
@@ -58,22 +68,34 @@ class OwnSignals:
         self._loop = loop
         ignore_terminal_signals()
         for sig in STOP_SIGNALS:
-            self._add(sig, lambda s=sig: self.target.signalled(s))
+            self._add(sig, functools.partial(self._stop, sig))
         if STACKS_REQUEST not in self.forward_signals:  # forwarding it wins
-            origin = f"{signal_name(STACKS_REQUEST)} to the supervisor"
-            self._add(STACKS_REQUEST, lambda: self.target.request_stacks(origin))
+            self._add(STACKS_REQUEST, self._stacks)
         for sig in self.forward_signals:  # --forward-signals refuses the stop signals
-            self._add(sig, lambda s=sig: self.target.forward(s, None, CancelSource.SIGNAL))
+            self._add(sig, functools.partial(self._forward, sig))
 
-    def _add(self, sig: int, handler: object) -> None:
-        assert self._loop is not None and callable(handler)
-        self._loop.add_signal_handler(sig, handler)
+    def _stop(self, sig: int, sender: Sender | None) -> None:
+        self.target.signalled(sig, sender)
+
+    def _stacks(self, sender: Sender | None) -> None:
+        self.target.request_stacks(f"{signal_name(STACKS_REQUEST)} to the supervisor")
+
+    def _forward(self, sig: int, sender: Sender | None) -> None:
+        self.target.forward(sig, None, CancelSource.SIGNAL, sender)
+
+    def _add(self, sig: int, handler: Callable[[Sender | None], None]) -> None:
+        """The inbox's route, with the sender; and the ordinary handler, for a signal delivered
+        the ordinary way (while a rank is being spawned; no inbox), sender unknown."""
+        assert self._loop is not None
+        self._loop.add_signal_handler(sig, handler, None)
+        signal_inbox.route(sig, self._loop, handler)
         self._installed.append(sig)
 
     def remove(self) -> None:
         if self._loop is None:
             return
         for sig in self._installed:
+            signal_inbox.route(sig, self._loop, None)
             with contextlib.suppress(ValueError, RuntimeError):  # the loop may be closed
                 self._loop.remove_signal_handler(sig)
         self._installed.clear()

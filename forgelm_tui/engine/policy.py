@@ -23,7 +23,9 @@ from typing import Any, Protocol
 
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.events import Purpose
+from forgelm_tui.engine.outside import BURST_S, OUTSIDE_STOP_SIGNALS, OutsideSignals
 from forgelm_tui.engine.records import CancelRequest, CancelSource, RankRecord, StopRecord
+from forgelm_tui.engine.signal_inbox import Sender
 from forgelm_tui.engine.spec import LaunchSpec
 from forgelm_tui.signames import signal_name
 from forgelm_tui.verdict import StopKind
@@ -92,6 +94,9 @@ class StopPolicy:
         self._causes: set[str] = set()
         self._after_stacks: dict[str, Any] | None = None  # the stop that waits for the stacks
         self._stacks_began = 0.0
+        self.outside = OutsideSignals(clock)
+        self._signalled = False  # a stop signal reached this supervisor
+        self._unexplained: list[RankRecord] = []  # killed by SIGTERM-like, no outside copy yet
 
     def live(self) -> list[RankRecord]:
         return [r for r in self.records.values() if r.alive]
@@ -99,6 +104,8 @@ class StopPolicy:
     # ------------------------------------------------------------------ facts
 
     def rank_ended(self, record: RankRecord) -> None:
+        if self._outside_death(record):
+            return
         if self.stop is not None:
             return
         if record.forwarded_death and record.signal is not None:
@@ -106,12 +113,46 @@ class StopPolicy:
             self.begin(StopKind.FORWARDED, f"rank {record.rank} ended on {name}, forwarded by "
                        "forgelm-tui", "forwarded signal", record.signal)
         elif record.ending().failed_on_own:
-            how = (f"killed by {signal_name(record.signal)}" if record.signal is not None
-                   else f"exit {record.exit_code}")
-            self.begin(StopKind.FAILURE, f"rank {record.rank} failed ({how})", "failure",
-                       origin_rank=record.rank)
+            self._failed(record)
         elif record.rank == 0 and (self.live() or self.peers.live()):
             self.timers.start("drain", self.settings.drain, self._drain_ended)
+
+    def _failed(self, record: RankRecord) -> None:
+        how = (f"killed by {signal_name(record.signal)}" if record.signal is not None
+               else f"exit {record.exit_code}")
+        self.begin(StopKind.FAILURE, f"rank {record.rank} failed ({how})", "failure",
+                   origin_rank=record.rank)
+
+    def _outside_death(self, record: RankRecord) -> bool:
+        """A death of a stop signal forgelm-tui did not send: the scheduler's, if the supervisor
+        got the same from outside within the burst (now, or within BURST_S from now)."""
+        if (record.signal not in OUTSIDE_STOP_SIGNALS or record.signalled_first
+                or record.forwarded_death):
+            return False
+        from_outside = self.stop is not None and self.stop.source == CancelSource.SIGNAL.value
+        if from_outside or self.outside.explains(record.signal):
+            record.outside_death = True  # ...and the stop that signal began covers it
+            return True
+        self._unexplained.append(record)
+        self.timers.start("outside", BURST_S, self._no_outside_copy)
+        return True
+
+    def _no_outside_copy(self) -> None:
+        """No outside signal explained these deaths: they failed on their own."""
+        pending, self._unexplained = self._unexplained, []
+        for record in pending:
+            if self.stop is None:
+                self._failed(record)
+
+    def _explain(self, sig: int) -> None:
+        """The supervisor got ``sig`` from outside: deaths of it just before were the same."""
+        self.outside.received(sig)
+        explained = [r for r in self._unexplained if r.signal == sig]
+        self._unexplained = [r for r in self._unexplained if r.signal != sig]
+        for record in explained:
+            record.outside_death = True
+        if not self._unexplained:
+            self.timers.cancel("outside")
 
     def launch_failed(self, message: str) -> None:
         self.begin(StopKind.FAILURE, message, "launch")
@@ -146,14 +187,20 @@ class StopPolicy:
 
     # ------------------------------------------------------------------ commands
 
-    def cancel(self, source: CancelSource, origin: str, sig: int, cause: str | None = None) -> str:
+    def cancel(self, source: CancelSource, origin: str, sig: int, cause: str | None = None,
+               sender: Sender | None = None) -> str:
         """A cancel request; returns its effect: "stop", "kill" or "merged".
 
         ``cause`` names what the request stands for (``HANG_UP`` for SIGHUP and a lost terminal
         alike): a cause already seen adds nothing, so one cause is never an escalation; and a
         hang-up is never an escalation at all (a closed terminal is not a person asking again).
+        ``sender``: who sent the signal (engine/signal_inbox.py); a repeat from the scheduler,
+        or a burst from one process, is the same request (engine/outside.py).
         """
-        if cause is not None and cause in self._causes:
+        if source is CancelSource.SIGNAL:
+            self._explain(sig)
+        repeat = self.outside.is_repeat(sender)
+        if repeat or (cause is not None and cause in self._causes):
             effect = "merged"
         elif self.stop is None:
             effect = "stop"
@@ -161,13 +208,19 @@ class StopPolicy:
             effect = "merged" if cause == HANG_UP else "kill"
         if cause is not None:
             self._causes.add(cause)
-        self.cancels.append(CancelRequest(source, origin, sig, self.wall(), effect))
+        self.cancels.append(CancelRequest(source, origin, sig, self.wall(), effect, sender))
         if effect == "stop":
             self.begin(StopKind.CANCEL, f"cancelled by {origin}", origin, sig,
                        source=source.value)
         elif effect == "kill":
             self.escalate(f"second cancel by {origin}: kill now")
         return effect
+
+    def signal_cause(self) -> str | None:
+        """What a stop signal to the supervisor stands for: the first may be one a scheduler
+        sent every node (another node's stop record may have brought that cause already)."""
+        first, self._signalled = not self._signalled, True
+        return OUTSIDE_SIGNAL if first else None
 
     def note_cause(self, cause: str) -> None:
         """A cause already acted on elsewhere (another node): seeing it here adds nothing."""

@@ -24,6 +24,7 @@ from forgelm_tui.engine.events import (
 )
 from forgelm_tui.engine.history import MetricsHistory
 from forgelm_tui.engine.logfile import LogLoss
+from forgelm_tui.engine.signal_inbox import Sender
 from forgelm_tui.engine.spec import LaunchSpec
 from forgelm_tui.verdict import RankEnding, StopKind
 
@@ -110,6 +111,7 @@ class RankRecord:
     reported_signal: str | None = None  # a stop signal the rank said it received
     reported_mono: float | None = None
     foreign_stop: bool = False  # ...and forgelm-tui had not sent it one (envelope: *_from_outside)
+    outside_death: bool = False  # it died of the stop signal a scheduler sent every process
     stopped_step: int | None = None  # the step at which it stopped on an agreement
     stacks_handler: StacksHandler | None = None  # announced: it may get the stacks signal
     stacks: RankStacks | None = None  # where it was stuck, at the last capture
@@ -195,6 +197,7 @@ class RankRecord:
             foreign_stop=self.foreign_stop,
             foreign_mono=self.reported_mono if self.reported_mono is not None else float("inf"),
             forwarded_death=self.forwarded_death,
+            outside_death=self.outside_death,
             crash=self.crash,
             node_rank=self.node_rank,
         )
@@ -220,6 +223,7 @@ class CancelRequest:
     signal: int  # the signal it stands for: SIGINT for the operator's Ctrl+C
     at: float
     effect: str  # "stop" (began the stop), "kill" (escalated), "merged" (same cause again)
+    sender: Sender | None = None  # a signal's sender, when known (engine/signal_inbox.py)
 
 
 @dataclass(frozen=True)
@@ -232,6 +236,8 @@ class ForwardRequest:
     at: float
     ranks: tuple[int, ...]  # the ranks it reached
     held_since: float | None = None  # it came before any rank started: held until they did
+    sender: Sender | None = None  # a signal's sender, when known (engine/signal_inbox.py)
+    by_scheduler: bool = False  # the scheduler sent it to every rank itself: not sent again
 
 
 @dataclass

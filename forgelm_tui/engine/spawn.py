@@ -18,6 +18,8 @@ import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from forgelm_tui.engine.signal_inbox import children_unblocked
+
 _PR_SET_CHILD_SUBREAPER = 36
 
 # Room in each output pipe. With the kernel's default 64 KiB a rank printing fast blocks within
@@ -60,16 +62,17 @@ def spawn_rank(
     pipe_size: int = PIPE_DEFAULT,
 ) -> subprocess.Popen[bytes]:
     """Start one rank in its own session with non-blocking stdout/stderr pipes."""
-    proc = subprocess.Popen(
-        list(argv),
-        env=dict(env),
-        cwd=cwd,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-        close_fds=True,
-    )
+    with children_unblocked():  # the rank gets no signal blocked (engine/signal_inbox.py)
+        proc = subprocess.Popen(
+            list(argv),
+            env=dict(env),
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            close_fds=True,
+        )
     for pipe in (proc.stdout, proc.stderr):
         assert pipe is not None
         os.set_blocking(pipe.fileno(), False)

@@ -37,6 +37,7 @@ from forgelm_tui.engine.records import (
     rank_record,
 )
 from forgelm_tui.engine.sampler import GpuFold, Sample, SamplingLoop, apply_sample
+from forgelm_tui.engine.signal_inbox import Sender, SenderKind
 from forgelm_tui.engine.spawn import pipe_capacity
 from forgelm_tui.engine.spec import LaunchSpec, rank_env
 from forgelm_tui.engine.stacks import StackCapture, find_py_spy
@@ -77,7 +78,6 @@ class Supervisor:
         self._ranks_gone = False
         self._local_done = False
         self._finishing = False
-        self._signal_seen = False
         self.faults = FaultGuard(self._fault_stop, lambda: not self._ranks_gone)
         # Multi-node (SPEC §8): awaited before any rank starts (the join), and told when this
         # node's own ranks are over (the node publishes its records) while other nodes run on.
@@ -245,11 +245,10 @@ class Supervisor:
 
     def request_cancel(self, origin: str = "operator", sig: int = signal.SIGINT, *,
                        source: CancelSource = CancelSource.OPERATOR,
-                       cause: str | None = None) -> str:
-        """Stop every rank gracefully; a distinct second request kills at once.
-        Returns the effect: "stop", "kill" or "merged" (the same cause again)."""
+                       cause: str | None = None, sender: Sender | None = None) -> str:
+        """Stop every rank gracefully; its effect: "stop", "kill" or "merged" (policy.py)."""
         with self._signals_first():
-            return self._policy.cancel(source, origin, sig, cause)
+            return self._policy.cancel(source, origin, sig, cause, sender)
 
     def kill_now(self, origin: str = "operator",
                  source: CancelSource = CancelSource.OPERATOR) -> None:
@@ -272,14 +271,18 @@ class Supervisor:
             self._policy.kill_pass(reason)
 
     def forward(self, sig: int, origin: str | None = None,
-                source: CancelSource = CancelSource.SIGNAL) -> None:
-        """A signal to every live rank's main process, nothing stopped (held before they start)."""
+                source: CancelSource = CancelSource.SIGNAL, sender: Sender | None = None) -> None:
+        """A signal to every live rank's main process, nothing stopped: held before they start;
+        recorded only when the scheduler sent it, as it did to every process of the step."""
         origin = origin or f"{signal_name(sig)} to the supervisor"
-        request = ForwardRequest(source, origin, sig, time.time(), ())
+        request = ForwardRequest(source, origin, sig, time.time(), (), sender=sender)
         if not self._launched:
-            self._held.hold(request)
-            return
-        sent = self.signal_ranks(self._policy.live(), sig, Purpose.FORWARD,
+            return self._held.hold(request)
+        live = self._policy.live()
+        if sender is not None and sender.kind == SenderKind.SCHEDULER:
+            return self._forwarded(replace(request, ranks=tuple(r.rank for r in live),
+                                           by_scheduler=True))
+        sent = self.signal_ranks(live, sig, Purpose.FORWARD,
                                  f"{signal_name(sig)} forwarded from the supervisor")
         self._forwarded(replace(request, at=time.time(), ranks=tuple(r.rank for r in sent)))
 
@@ -389,12 +392,9 @@ class Supervisor:
         live = tuple(r.rank for r in self.records.values() if r.alive)
         return ev.RunStopping(stop.kind, stop.reason, stop.origin, self.spec.grace, live, stop.at)
 
-    def signalled(self, sig: int) -> None:
+    def signalled(self, sig: int, sender: Sender | None = None) -> None:
         """A stop signal to the supervisor (engine/own_signals.py): a cancel."""
-        cause = HANG_UP if sig == signal.SIGHUP else None
-        if cause is None and not self._signal_seen:
-            cause = OUTSIDE_SIGNAL  # the first signal here may be one a scheduler sent everywhere
-        self._signal_seen = self._signal_seen or cause == OUTSIDE_SIGNAL
+        cause = HANG_UP if sig == signal.SIGHUP else self._policy.signal_cause()
         named = self.hangup_origin() if sig == signal.SIGHUP else None
         source, origin = named or (CancelSource.SIGNAL, f"{signal_name(sig)} to the supervisor")
-        self.request_cancel(origin, sig, source=source, cause=cause)
+        self.request_cancel(origin, sig, source=source, cause=cause, sender=sender)

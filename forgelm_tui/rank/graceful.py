@@ -6,8 +6,10 @@
 A program with no SIGTERM handler (ForgeLM 0.11.1) dies at once on SIGTERM: no ``except``,
 no ``finally``, no atexit, no audit event, no result. Under this runner the first SIGTERM raises
 :class:`GracefulStop` (an ``Exception``, so the program's own ``except Exception`` cleanup runs:
-ForgeLM writes ``pipeline.failed`` and its JSON result, then exits 2). A second SIGTERM, or the
-supervisor's SIGKILL at the grace deadline, ends it the ordinary way.
+ForgeLM writes ``pipeline.failed`` and its JSON result, then exits 2). A second SIGTERM within
+1 s of the first is the same request (a scheduler signals every process of the step, and
+slurmstepd sends SIGTERM, SIGCONT, SIGTERM at a time limit; the supervisor's own stop follows);
+a later one, or the supervisor's SIGKILL at the grace deadline, ends it the ordinary way.
 
 Nothing else changes: ``sys.argv``, ``__main__``, ``-m`` semantics, ``sys.path[0]`` and exit
 codes are what ``python [-m] program`` gives. If the exception is not caught, the process dies
@@ -25,6 +27,7 @@ import os
 import runpy
 import signal
 import sys
+import time
 from types import FrameType
 
 from forgelm_tui.channel import MessageKind
@@ -36,8 +39,18 @@ class GracefulStop(Exception):
     """Raised in the main thread on the first SIGTERM."""
 
 
+SAME_REQUEST_S = 1.0  # a SIGTERM this soon after the first is the same request (a burst)
+_first_at: list[float] = []
+
+
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends it the ordinary way
+    if _first_at:  # a second SIGTERM: the same request in a burst, else the ordinary end
+        if time.monotonic() - _first_at[0] <= SAME_REQUEST_S:
+            return
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+    _first_at.append(time.monotonic())
     default_channel().send(MessageKind.STOP_REQUESTED, signal="SIGTERM", via="graceful")
     raise GracefulStop("stopped by SIGTERM")
 

@@ -11,6 +11,7 @@ from textual.app import App
 
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.guardian import Guardian
+from forgelm_tui.engine.own_signals import take_senders
 from forgelm_tui.headless import ending_notes, log_not_kept_text
 from forgelm_tui.internal_error import report_internal_error
 from forgelm_tui.plan import Plan
@@ -21,6 +22,7 @@ from forgelm_tui.tui.app import build_app
 
 def execute_tui(plan: Plan) -> int:
     guardian = Guardian()  # forked first, before Textual starts any thread
+    take_senders(plan.spec.forward_signals)  # ...and this before any thread too
     session = Session(plan, guardian)
     app = build_app(session, terminal_fd=_terminal_fd(), before_hard_exit=guardian.close)
     session.supervisor.hangup_origin = app.hangup_origin

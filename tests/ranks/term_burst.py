@@ -1,0 +1,55 @@
+"""Rank program for a scheduler's signals, which reach the ranks directly as well as the
+supervisor. Writes MARKS/ready-RANK (its pid and its blocked-signal mask) once set up, appends
+a line to MARKS/usr1-RANK for each SIGUSR1, and on the first SIGTERM runs a cleanup of SECONDS
+(a checkpoint write) in ``except Exception``, writing MARKS/cleanup-RANK when done, then exits 2
+as ForgeLM does. Its own SIGTERM handler only raises once (later SIGTERMs are the same request);
+with --runner the graceful runner's is used instead. A rank in NO_HANDLER has no SIGTERM handler:
+it dies of the first.
+
+argv: MARKS SECONDS NO_HANDLER (comma-separated ranks, or -) [--runner]
+"""
+
+import os
+import signal
+import sys
+import time
+
+marks, seconds, no_handler = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+rank = int(os.environ["RANK"])
+own_handler = "--runner" not in sys.argv and str(rank) not in no_handler.split(",")
+
+
+class Stop(Exception):
+    pass
+
+
+def on_term(signum, frame):
+    signal.signal(signal.SIGTERM, lambda *_: None)  # the burst's repeats: the same request
+    raise Stop("SIGTERM")
+
+
+def on_usr1(signum, frame):
+    with open(os.path.join(marks, f"usr1-{rank}"), "a") as handle:
+        handle.write(f"{time.time()}\n")
+
+
+if own_handler:
+    signal.signal(signal.SIGTERM, on_term)
+signal.signal(signal.SIGUSR1, on_usr1)
+with open("/proc/self/status") as status:
+    blocked = status.read().split("SigBlk:")[1].split()[0]
+with open(os.path.join(marks, f"ready-{rank}.tmp"), "w") as handle:
+    handle.write(f"{os.getpid()} {blocked}")
+os.replace(os.path.join(marks, f"ready-{rank}.tmp"), os.path.join(marks, f"ready-{rank}"))
+try:
+    while True:
+        time.sleep(0.05)
+except Exception as exc:
+    print(f"rank {rank}: {type(exc).__name__}, cleanup ({seconds:g} s)", flush=True)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        time.sleep(0.05)
+    with open(os.path.join(marks, f"cleanup-{rank}"), "w") as handle:
+        handle.write("done")
+    print(f"rank {rank}: cleanup finished", flush=True)
+    sys.exit(2)

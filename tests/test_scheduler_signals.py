@@ -1,0 +1,133 @@
+"""A scheduler's signals, with real processes: what slurmstepd does at a time limit (SIGTERM,
+SIGCONT, SIGTERM within milliseconds, to every process of the step, ranks included), played by
+the test process, which is the supervisor's parent as slurmstepd is under srun (SLURM_JOB_ID set).
+The rules are tested on an injected clock in test_outside_signals.py; the real SLURM cluster in
+test_slurm_cluster.py."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import rank_script, start, wait_for
+
+pytestmark = pytest.mark.timeout(60)
+
+SCHEDULER_ENV = {"SLURM_JOB_ID": "4242", "FORGELM_TUI_KILL_WAIT": "60"}
+
+
+def ready(marks: Path, ranks: int) -> dict[int, tuple[int, int]]:
+    """Each rank's pid and blocked-signal mask, once every rank is set up."""
+
+    def read() -> dict[int, tuple[int, int]] | None:
+        files = [marks / f"ready-{r}" for r in range(ranks)]
+        if not all(f.exists() for f in files):
+            return None
+        found = {}
+        for rank, file in enumerate(files):
+            pid, mask = file.read_text().split()
+            found[rank] = (int(pid), int(mask, 16))
+        return found
+
+    return dict(wait_for(read, 30, f"{ranks} ranks to be ready"))
+
+
+def burst(pids: list[int]) -> None:
+    """slurmstepd at a time limit: SIGTERM, SIGCONT, SIGTERM to every process of the step."""
+    for sig in (signal.SIGTERM, signal.SIGCONT, signal.SIGTERM):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+
+
+@pytest.mark.parametrize("runner", [False, True], ids=["own-handler", "graceful-runner"])
+def test_a_time_limit_burst_is_one_graceful_stop_and_every_cleanup_finishes(
+        tmp_path: Path, marks: Path, runner: bool) -> None:
+    """Rank 2 has no handler (own-handler case): it dies of the scheduler's SIGTERM at once, and
+    that is part of the outside stop, not a failure on its own."""
+    no_handler = "-" if runner else "2"
+    args = ["--nproc-per-node", "3", "--grace", "20", *(["--graceful"] if runner else []),
+            rank_script("term_burst.py"), str(marks), "1.5", no_handler]
+    if runner:
+        args.append("--runner")
+    run = start(args, tmp_path, env=SCHEDULER_ENV)
+    ranks = ready(marks, 3)
+    assert all(mask == 0 for _, mask in ranks.values()), f"ranks start unblocked: {ranks}"
+    burst([run.proc.pid, *(pid for pid, _ in ranks.values())])
+    assert run.wait(40) == 2
+    envelope = run.envelope()
+    requests = envelope["cancel_requests"]
+    assert [r["effect"] for r in requests][:1] == ["stop"], requests
+    assert all(r["effect"] == "merged" for r in requests[1:]), requests  # SIGCONT is none
+    assert {r["sender"]["pid"] for r in requests} == {os.getpid()}
+    assert {r["sender"]["kind"] for r in requests} == {"scheduler"}
+    with_cleanup = [0, 1, 2] if runner else [0, 1]
+    for rank in with_cleanup:
+        assert (marks / f"cleanup-{rank}").read_text() == "done", f"rank {rank}'s cleanup"
+    for rank in envelope["ranks"]:
+        assert "SIGKILL" not in [s["signal"] for s in rank["signals_sent"]], rank
+    assert envelope["decided_by"]["rule"] == 4 and envelope["root_cause_rank"] is None
+    if not runner:
+        rank2 = envelope["ranks"][2]
+        assert rank2["signal"] == "SIGTERM" and rank2["state"] == "killed"
+        # whichever the supervisor saw first: its death, or its own copy of the SIGTERM (the
+        # order is the policy's to judge: test_outside_signals.py, on an injected clock)
+        assert rank2["killed_from_outside"] or rank2["signalled_by_supervisor"], rank2
+
+
+def test_a_rank_killed_by_sigterm_alone_is_still_a_failure(tmp_path: Path,
+                                                             marks: Path) -> None:
+    """Only rank 1 gets SIGTERM (someone killed that process): no outside stop explains it."""
+    run = start(["--nproc-per-node", "2", "--grace", "5",
+                 rank_script("term_burst.py"), str(marks), "0.1", "1"], tmp_path,
+                env=SCHEDULER_ENV)
+    ranks = ready(marks, 2)
+    os.kill(ranks[1][0], signal.SIGTERM)
+    assert run.wait(30) == 2
+    envelope = run.envelope()
+    assert envelope["stop"]["kind"] == "failure"
+    assert envelope["root_cause_rank"] == 1
+    assert envelope["ranks"][1]["killed_from_outside"] is False
+    assert envelope["cancel_requests"] == []
+
+
+def test_the_schedulers_sigusr1_reaches_each_rank_once(tmp_path: Path, marks: Path) -> None:
+    """``--signal=USR1@N`` under srun reaches every process of the step: the supervisor records
+    it and sends it again to no rank."""
+    run = start(["--nproc-per-node", "2", rank_script("term_burst.py"), str(marks), "0.1", "-"],
+                tmp_path, env=SCHEDULER_ENV)
+    ranks = ready(marks, 2)
+    for pid in [run.proc.pid, *(pid for pid, _ in ranks.values())]:
+        os.kill(pid, signal.SIGUSR1)
+    wait_for(lambda: all((marks / f"usr1-{r}").exists() for r in range(2)), 10, "SIGUSR1")
+    run.signal(signal.SIGTERM)
+    assert run.wait(30) == 2
+    envelope = run.envelope()
+    forwarded = envelope["forwarded_signals"]
+    assert len(forwarded) == 1 and forwarded[0]["sent_by_scheduler"] is True, forwarded
+    assert forwarded[0]["sender"]["kind"] == "scheduler"
+    for rank in range(2):
+        assert len((marks / f"usr1-{rank}").read_text().splitlines()) == 1
+    assert all(s["purpose"] != "forward" for r in envelope["ranks"] for s in r["signals_sent"])
+
+
+def test_a_second_sigint_from_another_process_still_kills_at_once(tmp_path: Path,
+                                                                   marks: Path) -> None:
+    """A person asking again (another process) escalates even under a scheduler."""
+    run = start(["--nproc-per-node", "2", "--grace", "30", "--exit-contract", "raw",
+                 rank_script("sleeper.py"), str(marks), "--ignore-term", "0"], tmp_path,
+                env=SCHEDULER_ENV)
+    wait_for(lambda: all((marks / f"ready-{r}").exists() for r in range(2)), 30, "ready")
+    run.signal(signal.SIGINT)
+    wait_for(lambda: (marks / "got-SIGTERM-0").exists(), 10, "rank 0 to get SIGTERM")
+    subprocess.run([sys.executable, "-c", f"import os; os.kill({run.proc.pid}, 2)"], check=True)
+    assert run.wait(30) == 130
+    requests = run.envelope()["cancel_requests"]
+    assert [r["effect"] for r in requests] == ["stop", "kill"]
+    assert requests[0]["sender"]["kind"] == "scheduler"
+    assert requests[1]["sender"]["kind"] == "process"
