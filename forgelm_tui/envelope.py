@@ -57,6 +57,7 @@ def verdict_dict(verdict: Verdict) -> dict[str, Any]:
             "rule": verdict.rule,
             "explanation": verdict.rule_text,
             "rank": verdict.deciding_rank,
+            "node": verdict.lost_node,  # a lost node as the root cause (SPEC §10)
         },
         "disagreements": [{"rank": r, "exit_code": c} for r, c in verdict.disagreements],
         "collateral_ranks": list(verdict.collateral),

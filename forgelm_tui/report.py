@@ -18,7 +18,15 @@ from forgelm_tui.engine.supervisor import Supervisor
 from forgelm_tui.forgelm_mode import extract_result
 from forgelm_tui.plan import Plan
 from forgelm_tui.signames import signal_name
-from forgelm_tui.verdict import RankEnding, StopFacts, Verdict, decide, prelaunch_failure
+from forgelm_tui.verdict import (
+    LostCause,
+    RankEnding,
+    StopFacts,
+    Verdict,
+    decide,
+    lost_first,
+    prelaunch_failure,
+)
 
 
 class RunReport:
@@ -31,6 +39,7 @@ class RunReport:
         self.attempts: list[dict[str, Any]] = []  # the envelope's entries of ended attempts
         self.started_at: float | None = None  # the first attempt's start: the run's
         self.backoff_cancel: CancelRequest | None = None  # a cancel between two attempts
+        self.lost_cause: LostCause | None = None  # a node lost before the failure (multi-node)
 
     def on_event(self, event: ev.Event) -> None:
         if isinstance(event, ev.RunStopping):
@@ -44,8 +53,8 @@ class RunReport:
         if error is not None and error.ranks_running:
             return fault_verdict(error)  # forgelm-tui itself failed while ranks ran: 2
         stop = sup.stop
-        facts = (StopFacts(stop.kind, stop.signal, stop.origin_rank, stop.lost_node)
-                 if stop else None)
+        facts = lost_first(StopFacts(stop.kind, stop.signal, stop.origin_rank, stop.lost_node)
+                           if stop else None, self.lost_cause)
         note_crashes(sup.records.values())  # exit 1: a traceback (a crash) or a deliberate 1
         endings = [r.ending() for r in sup.records.values() if r.pid is not None]
         if not endings and stop is not None:  # cancelled before any rank started

@@ -102,6 +102,10 @@ class StopFacts:
     # record). Ranks of different machines are never ordered by their clocks: this decides.
     origin_rank: int | None = None
     lost_node: int | None = None  # the node a node_lost stop names
+    # The lost node went silent before the first failure elsewhere: those failures (a peer's
+    # "Connection closed by peer") are its collateral, and the node is the cause (SPEC §10).
+    lost_first: bool = False
+    lost_ranks: tuple[int, ...] = ()  # the lost node's ranks, where known
 
 
 @dataclass(frozen=True)
@@ -121,6 +125,7 @@ class Verdict:
     # them; outside ForgeLM mode they are still failures, rule 2).
     after_rank0_exit: tuple[int, ...] = ()
     exception: tuple[str, str] | None = None  # the deciding rank's crash: (type, message)
+    lost_node: int | None = None  # the root cause is this node's loss (rule 2, no rank)
 
     @property
     def label(self) -> str:
@@ -213,9 +218,9 @@ def decide(
     """
     failures = sorted((o for o in outcomes if o.failed_on_own),
                       key=lambda o: (o.ended_mono, o.rank))
-    if stop is not None and stop.kind is StopKind.NODE_LOST and not failures:
-        return _make(EXIT_TRAINING_ERROR, 2, f"root cause: node {stop.lost_node} was lost "
-                     "(its supervisor went silent)", None)
+    if stop is not None and stop.kind is StopKind.NODE_LOST and (stop.lost_first
+                                                                 or not failures):
+        return _node_lost(stop, tuple(f.rank for f in failures))
     if not outcomes:
         return prelaunch_failure()
     rank0 = min(outcomes, key=lambda o: o.rank)
@@ -258,6 +263,30 @@ def _outcome(rank0: RankEnding, outcomes: Sequence[RankEnding], stop: StopFacts 
         text += (f"; {_ranks_text(collateral)} failed after rank {rank0.rank} had exited "
                  f"{rank0.exit_code}: collateral (teardown)")
     return _make(code, 3, text, rank0.rank, disagreements)
+
+
+LostCause = tuple[int, tuple[int, ...]]  # a lost node and its ranks
+
+
+def lost_first(facts: StopFacts | None, lost: LostCause | None) -> StopFacts | None:
+    """A node went silent before the first failure elsewhere (cluster/link.py decides): the
+    node is the cause, those failures its collateral (SPEC §10)."""
+    if lost is None or facts is None or facts.kind not in (StopKind.FAILURE,
+                                                            StopKind.NODE_LOST):
+        return facts
+    node, ranks = lost
+    return replace(facts, kind=StopKind.NODE_LOST, lost_node=node, lost_first=True,
+                   lost_ranks=ranks)
+
+
+def _node_lost(stop: StopFacts, collateral: tuple[int, ...]) -> Verdict:
+    """Rule 2 with a node, not a rank, as the root cause; what failed after it: collateral."""
+    ranks = f"; its {_ranks_text(stop.lost_ranks)}" if stop.lost_ranks else ""
+    text = f"root cause: node {stop.lost_node} was lost (its supervisor went silent{ranks})"
+    if collateral:
+        text += f"; {_ranks_text(collateral)} failed after it: collateral"
+    return replace(_make(EXIT_TRAINING_ERROR, 2, text, None), collateral=collateral,
+                   lost_node=stop.lost_node)
 
 
 def _ranks_text(ranks: Sequence[int]) -> str:

@@ -322,3 +322,53 @@ def test_node_lost_is_2_even_under_raw() -> None:
     assert (verdict.code, verdict.rule, verdict.deciding_rank) == (2, 2, None)
     assert "node 3 was lost" in verdict.rule_text
     assert StopFacts(StopKind.CANCEL) == StopFacts(StopKind.CANCEL, None, None, None)
+
+
+# ---------------------------------------------------------------------- a lost node as the cause
+
+
+def test_a_failure_after_a_nodes_last_beat_is_collateral_of_its_loss() -> None:
+    """Node 1's supervisor is SIGKILLed at t=10 (last beat read at 9.9); rank 1 on node 0 gets
+    "Connection closed by peer" at 10.2; node 1 is declared lost at 11.9 (timeout 2)."""
+    live = Liveness([1, 2], timeout=2.0, now=0.0)
+    for t in (1.0, 5.0, 9.9):
+        live.beat(1, beat(int(t * 10)), now=t)
+        live.beat(2, beat(int(t * 10)), now=t)
+    live.beat(2, beat(200), now=11.0)
+    assert live.check(11.9) == [1]
+    assert live.silent_before(10.2, slack=0.1) == 1
+    assert live.silent_before(9.7, slack=0.1) is None  # a failure before it went silent
+    assert live.silent_before(9.85, slack=0.1) == 1  # a beat read up to one interval late
+
+
+def test_no_lost_node_means_no_collateral() -> None:
+    live = Liveness([1], timeout=2.0, now=0.0)
+    live.beat(1, beat(1), now=1.0)
+    live.done(1)
+    assert live.silent_before(5.0, slack=0.1) is None
+
+
+def test_the_first_node_to_go_silent_is_the_cause() -> None:
+    live = Liveness([1, 2], timeout=2.0, now=0.0)
+    live.beat(1, beat(1), now=3.0)
+    live.beat(2, beat(1), now=2.0)
+    live.check(10.0)
+    assert live.silent_before(4.0, slack=0.0) == 2
+
+
+@pytest.mark.parametrize("contract", [F, R])
+def test_a_lost_node_before_the_failure_is_the_root_cause(contract: Contract) -> None:
+    outcomes = [rk(0, 0, t=9.0, signalled=True), rk(1, 1, t=2.0)]  # rank 1: a peer error
+    facts = agreement.stop_facts(stop_to_wire(StopRecord(
+        StopKind.FAILURE, "rank 1 failed (exit 1)", "failure", None, 1.0, 0.0, origin_rank=1)))
+    verdict = decide(outcomes, agreement.lost_first(facts, (2, (4, 5))), contract)
+    assert (verdict.code, verdict.rule, verdict.deciding_rank) == (2, 2, None)
+    assert verdict.lost_node == 2 and verdict.collateral == (1,)
+    assert verdict.rule_text == ("root cause: node 2 was lost (its supervisor went silent; its "
+                                 "ranks 4, 5); rank 1 failed after it: collateral")
+    assert decide(outcomes, facts, contract).deciding_rank == 1  # without the loss: rank 1
+
+
+def test_a_lost_node_does_not_recast_a_cancel() -> None:
+    facts = StopFacts(StopKind.CANCEL, signal.SIGTERM)
+    assert agreement.lost_first(facts, (1, (1,))) == facts

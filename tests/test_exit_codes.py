@@ -89,7 +89,8 @@ def test_failed_rank_stops_peer_waiting_in_gloo_barrier(tmp_path: Path) -> None:
     envelope = run.envelope()
     assert envelope["root_cause_rank"] == 1
     assert envelope["decided_by"] == {
-        "rule": 2, "rank": 1, "explanation": "root cause: rank 1 failed on its own (exit 2)"}
+        "rule": 2, "rank": 1, "node": None,
+        "explanation": "root cause: rank 1 failed on its own (exit 2)"}
     rank0, rank1 = envelope["ranks"]
     assert rank0["signalled_by_supervisor"] is True
     assert rank0["signalled_reason"] == "rank 1 failed (exit 2)"

@@ -206,6 +206,34 @@ def test_sigkill_to_node_1_supervisor_is_node_lost(tmp_path: Path, marks: Path) 
 
 
 @pytest.mark.fault("F34")
+def test_a_lost_node_is_the_cause_not_the_rank_its_loss_broke(tmp_path: Path,
+                                                             marks: Path) -> None:
+    """Two nodes, a gloo rank each, all-reducing. Node 1's supervisor is SIGKILLed: its
+    guardian ends rank 1, and rank 0, mid-collective, fails at once with gloo's "Connection
+    closed by peer", a node timeout before node 1 is declared lost. The verdict names node 1;
+    rank 0's failure is its collateral (SPEC §10)."""
+    nodes = start_nodes(2, [rank_script("gloo_loop.py"), str(marks)], tmp_path,
+                        common=["--grace", "5", "--nproc-per-node", "1", "--node-timeout", "3"])
+    ready_pids(marks, 2)
+    nodes[1].proc.send_signal(signal.SIGKILL)
+    assert nodes[1].wait() == -signal.SIGKILL
+    assert nodes[0].wait() == 2
+    envelope = nodes[0].envelope()
+    assert envelope["stop"]["kind"] == "failure" and envelope["stop"]["origin_rank"] == 0
+    decided = envelope["decided_by"]
+    assert (decided["rule"], decided["rank"], decided["node"]) == (2, None, 1), decided
+    assert decided["explanation"] == (
+        "root cause: node 1 was lost (its supervisor went silent; its rank 1); rank 0 failed "
+        "after it: collateral")
+    assert envelope["root_cause_rank"] is None and envelope["collateral_ranks"] == [0]
+    assert envelope["agreement"]["nodes_lost"] == [1]
+    rank0 = envelope["ranks"][0]
+    assert rank0["collateral"] is True and rank0["exit_code"] == 1
+    tail = "\n".join(rank0["stderr_tail"] or [])
+    assert "Connection closed by peer" in tail or "Connection reset by peer" in tail, tail
+
+
+@pytest.mark.fault("F34")
 def test_sigkill_to_node_0_supervisor(tmp_path: Path, marks: Path) -> None:
     nodes = start_nodes(2, [SLEEPER, str(marks)], tmp_path, common=["--node-timeout", "2"])
     pids = ready_pids(marks, 2)

@@ -114,6 +114,7 @@ def test_the_first_outside_signal_is_merged_with_a_stop_record_of_the_same_cause
     assert h.policy.signal_cause() is None  # the next one is the supervisor's second
 
 
+@pytest.mark.fault("F42")
 def test_a_rank_killed_by_the_schedulers_sigterm_first_waits_for_the_supervisors_copy() -> None:
     h = harness(3, grace=30.0)
     h.end(1, -TERM)  # slurmstepd reached rank 1 before the supervisor

@@ -45,6 +45,7 @@ def burst(pids: list[int]) -> None:
                 os.kill(pid, sig)
 
 
+@pytest.mark.fault("F42")
 @pytest.mark.parametrize("runner", [False, True], ids=["own-handler", "graceful-runner"])
 def test_a_time_limit_burst_is_one_graceful_stop_and_every_cleanup_finishes(
         tmp_path: Path, marks: Path, runner: bool) -> None:

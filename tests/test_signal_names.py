@@ -89,7 +89,7 @@ def test_a_rank_killed_by_any_signal_is_named_and_its_peer_stopped(tmp_path: Pat
     name = signal_name(numbers[cause])
     assert run.proc.returncode == 128 + numbers[cause], err
     assert envelope["decided_by"] == {
-        "rule": 2, "rank": cause,
+        "rule": 2, "rank": cause, "node": None,
         "explanation": f"root cause: rank {cause} failed on its own (signal {name})"}
     assert envelope["ranks"][cause]["signalled_by_supervisor"] is False
 
@@ -108,7 +108,7 @@ def test_a_real_time_death_under_the_forgelm_contract_is_2(tmp_path: Path) -> No
     assert rank0["signal"] == "SIGRTMIN+6" and rank0["signalled_by_supervisor"] is False
     assert rank1["signalled_by_supervisor"] is True
     assert envelope["decided_by"] == {
-        "rule": 2, "rank": 0,
+        "rule": 2, "rank": 0, "node": None,
         "explanation": "root cause: rank 0 failed on its own (signal SIGRTMIN+6)"}
     assert "rank 0 killed by SIGRTMIN+6" in out
     assert envelope["supervisor_error"] is None

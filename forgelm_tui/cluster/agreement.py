@@ -14,7 +14,16 @@ from typing import Any
 
 from forgelm_tui import storage
 from forgelm_tui.cluster.wire import ending_from_wire, stop_from_wire
-from forgelm_tui.verdict import Contract, StopFacts, StopKind, Verdict, decide, prelaunch_failure
+from forgelm_tui.verdict import (
+    Contract,
+    LostCause,
+    StopFacts,
+    StopKind,
+    Verdict,
+    decide,
+    lost_first,
+    prelaunch_failure,
+)
 
 NODE_LOCAL = ("node_rank", "run_dir", "command")
 
@@ -35,7 +44,7 @@ def stop_facts(stop: dict[str, Any] | None,
 
 def decide_global(finals: dict[int, dict[str, Any]], stop: dict[str, Any] | None,
                   contract: Contract, first_failure: dict[str, Any] | None = None, *,
-                  rank0_decides: bool = False) -> Verdict:
+                  rank0_decides: bool = False, lost: LostCause | None = None) -> Verdict:
     """The run's code from every node's rank endings and the agreed stop record.
 
     Collateral (a failure after rank 0's outcome exit, ForgeLM mode) is judged only for ranks
@@ -43,7 +52,7 @@ def decide_global(finals: dict[int, dict[str, Any]], stop: dict[str, Any] | None
     if any(f.get("launch_error") for f in finals.values()):
         return prelaunch_failure()
     endings = [ending_from_wire(e) for f in finals.values() for e in f["endings"]]
-    return decide(endings, stop_facts(stop, first_failure), contract,
+    return decide(endings, lost_first(stop_facts(stop, first_failure), lost), contract,
                   rank0_decides=rank0_decides)
 
 

@@ -55,6 +55,7 @@ class NodeLink:
         self.sup = supervisor
         self.me = membership.node_rank
         self.nnodes = membership.nnodes
+        self.nproc = {n.node_rank: n.nproc for n in membership.nodes}
         self.config = config
         self.store = store
         self.host = socket.gethostname()
@@ -75,6 +76,7 @@ class NodeLink:
         self._failure_told = False
         self._beat_handle: asyncio.TimerHandle | None = None
         self._finals_read: set[int] = set()  # ticker thread only
+        self.failure_seen: float | None = None  # when this node first knew of a failure stop
 
     # ------------------------------------------------------------------ lifetime
 
@@ -107,6 +109,8 @@ class NodeLink:
     def on_event(self, event: ev.Event) -> None:
         stop = self.sup.stop
         if isinstance(event, ev.RunStopping) and stop is not None and stop.origin_node == self.me:
+            if stop.kind is StopKind.FAILURE and self.failure_seen is None:
+                self.failure_seen = time.monotonic()
             self._commands.put(("stop", stop_to_wire(stop)))
         elif isinstance(event, ev.RankExited) and not self._failure_told:
             record = self.sup.records.get(event.rank)
@@ -157,6 +161,8 @@ class NodeLink:
 
     def _remote_stop(self, data: dict[str, Any]) -> None:
         self.agreed_stop = self.agreed_stop or data
+        if data.get("kind") == StopKind.FAILURE.value and self.failure_seen is None:
+            self.failure_seen = time.monotonic()
         if self.sup.stop is None:
             stop = stop_from_wire(data)
             stop.reason = f"{stop.reason} (on node {stop.origin_node})"
@@ -204,6 +210,18 @@ class NodeLink:
             self.sup.apply_stop(StopRecord(StopKind.NODE_LOST, reason, f"node {node}", None,
                                            time.time(), 0.0, grace=self.sup.spec.grace,
                                            origin_node=self.me, lost_node=node))
+
+    def lost_before_failure(self) -> tuple[int, tuple[int, ...]] | None:
+        """The node whose loss the first failure stop is collateral of (a peer's "Connection
+        closed by peer"), and its ranks; None when no failure, or no node went silent before
+        it (Liveness.silent_before; SPEC §10)."""
+        if self.failure_seen is None:
+            return None
+        node = self.liveness.silent_before(self.failure_seen, 2 * self.interval)
+        if node is None:
+            return None
+        first = sum(self.nproc.get(n, 0) for n in range(node))
+        return node, tuple(range(first, first + self.nproc.get(node, 0)))
 
     def _store_gone(self, message: str) -> None:
         """The control store is unreachable: node 0 is gone (or the network to it)."""

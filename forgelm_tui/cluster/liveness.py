@@ -67,6 +67,15 @@ class Liveness:
                 lost.append(peer.node_rank)
         return lost
 
+    def silent_before(self, failure_at: float, slack: float) -> int | None:
+        """Of the lost nodes, the first to go silent, if its last sign of life came before
+        ``failure_at`` (``slack``: how late a heartbeat may be read). A failure after a node's
+        last beat is collateral of that node's loss: its loss is declared within the node
+        timeout after the failure (SPEC §10). Both times are this node's clock."""
+        silent = [p for p in self.peers.values()
+                  if p.state is NodeState.LOST and p.seen_mono - slack <= failure_at]
+        return min(silent, key=lambda p: p.seen_mono).node_rank if silent else None
+
     def lose_all(self) -> list[int]:
         """The store itself is gone: nobody can be heard any more."""
         lost = [p.node_rank for p in self.peers.values()

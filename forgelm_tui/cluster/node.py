@@ -26,7 +26,7 @@ from forgelm_tui.engine.supervisor import Supervisor
 from forgelm_tui.plan import Plan
 from forgelm_tui.private_files import make_private_dir
 from forgelm_tui.redact import redact_argv
-from forgelm_tui.verdict import Verdict
+from forgelm_tui.verdict import LostCause, Verdict
 
 
 class Report(Protocol):
@@ -34,6 +34,7 @@ class Report(Protocol):
 
     plan: Plan
     ending: RunEnding | None
+    lost_cause: LostCause | None
 
     def verdict(self) -> Verdict: ...
     def final(self) -> RunEnding: ...
@@ -164,7 +165,8 @@ class NodeRun:
         first_failure = await loop.run_in_executor(None, _first, store, "first-failure")
         verdict = agreement.decide_global(finals, stop, self.session.plan.contract,
                                           first_failure,
-                                          rank0_decides=self.session.plan.forgelm_mode)
+                                          rank0_decides=self.session.plan.forgelm_mode,
+                                          lost=link.lost_before_failure())
         base = self.own_final["envelope"]
         envelope = agreement.merge(base, finals, verdict, stop, lost,
                                    self.membership_nnodes(), env_mod.verdict_dict(verdict))
@@ -192,6 +194,8 @@ class NodeRun:
 
     def _without_agreement(self, why: str) -> RunEnding:
         report = self.session.report
+        if self.link is not None:  # a failure here may be collateral of node 0's loss
+            report.lost_cause = self.link.lost_before_failure()
         verdict = report.verdict()
         envelope = report._build(provisional=False)
         envelope["agreement"] = {"agreed": False, "decided_by_node": self.sup.spec.node_rank,
