@@ -208,6 +208,7 @@ def build(
             "killed_at": iso(stop.killed_at),
             "signal": _sig_name(stop.signal),
             "stacks_delay_s": None if stop.stacks_delay is None else round(stop.stacks_delay, 3),
+            "scheduler": info.scheduler_stop,
         }
         if stop
         else None,

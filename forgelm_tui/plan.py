@@ -10,6 +10,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from forgelm_tui.cluster.config import ClusterConfig, cluster_config
 from forgelm_tui.cluster.kill_wait import GraceChoice, KillWaitError, choose_grace
@@ -53,6 +54,7 @@ class RunInfo:
     grace: float | None = None
     grace_source: str | None = None  # --grace, default, or the scheduler window's source
     kill_window: float | None = None  # the scheduler's SIGTERM -> SIGKILL window, where known
+    scheduler_stop: dict[str, Any] | None = None  # why the scheduler stopped the job (SLURM)
     drain: float | None = None
     stall_timeout: float | None = None
     graceful: bool = False

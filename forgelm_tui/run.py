@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import sys
 import time
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from forgelm_tui import envelope as env_mod
 from forgelm_tui.attempts import AttemptChain, make_attempt_dir
+from forgelm_tui.cluster.scheduler_stop import SchedulerCause
 from forgelm_tui.control.server import serving
 from forgelm_tui.ending import RunEnding
 from forgelm_tui.engine import events as ev
@@ -55,6 +57,8 @@ class Session:
                                   guardian)
         self.report = RunReport(plan, supervisor=self.supervisor)
         self.subscribe(self.report.on_event)
+        self.scheduler_cause = SchedulerCause(os.environ, lambda: self.supervisor)
+        self.subscribe(self.scheduler_cause.on_event)
         if peers is not None:
             from forgelm_tui.cluster.node import NodeRun
 
@@ -177,6 +181,7 @@ class Session:
 
     async def finish(self) -> RunEnding:
         """The verdict and the envelope, once every rank (on every node) has ended."""
+        self.plan.info.scheduler_stop = await self.scheduler_cause.settle()
         if self.node is not None:
             return await self.node.finish()
         return self.report.final()

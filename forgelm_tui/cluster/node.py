@@ -170,6 +170,8 @@ class NodeRun:
         base = self.own_final["envelope"]
         envelope = agreement.merge(base, finals, verdict, stop, lost,
                                    self.membership_nnodes(), env_mod.verdict_dict(verdict))
+        if envelope.get("stop") is not None:  # asked when the stop began (scheduler_stop.py)
+            envelope["stop"]["scheduler"] = self.session.plan.info.scheduler_stop
         waiting = [n for n in range(1, self.membership_nnodes()) if n not in lost]
         await loop.run_in_executor(None, _publish_verdict, store, verdict, envelope, waiting)
         return self._write(verdict, envelope)

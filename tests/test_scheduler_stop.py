@@ -1,0 +1,50 @@
+"""Why the scheduler stopped the job (stop.scheduler), from scontrol's answer: parsing and the
+rules, in-process. The real answers are read on a real SLURM cluster (test_slurm_cluster.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from forgelm_tui.cluster.scheduler_stop import classify, parse_job
+
+pytestmark = pytest.mark.timeout(10)
+
+LINE = ("JobId=42 JobName=train UserId=root(0) GroupId=root(0) Priority=1 JobState={state} "
+        "Reason={reason} Dependency=(null) RunTime=00:01:07 TimeLimit=00:01:00 "
+        "StartTime=2026-12-03T08:00:00 EndTime=2026-12-03T08:01:00 Command=/bin/sh -c x y")
+ENV = {"SLURM_JOB_ID": "42"}
+
+
+def job(state: str, reason: str = "None") -> dict[str, str]:
+    return parse_job(LINE.format(state=state, reason=reason))
+
+
+def test_parse_takes_key_value_pairs() -> None:
+    fields = job("TIMEOUT", "TimeLimit")
+    assert (fields["JobId"], fields["JobState"], fields["Reason"]) == ("42", "TIMEOUT",
+                                                                      "TimeLimit")
+    assert fields["EndTime"] == "2026-12-03T08:01:00"
+
+
+@pytest.mark.parametrize(("state", "kind"), [
+    ("TIMEOUT", "time_limit"), ("CANCELLED", "scancel"), ("PREEMPTED", "preempted"),
+    ("NODE_FAIL", "node_failure"), ("FAILED", "unknown")])
+def test_the_job_state_names_the_kind(state: str, kind: str) -> None:
+    cause = classify(ENV, job(state), {"pid": 7, "kind": "scheduler"}, at=0.0)
+    assert cause["kind"] == kind
+    assert cause["evidence"]["job_state"] == state and cause["evidence"]["sender"]["pid"] == 7
+
+
+def test_a_running_job_past_its_end_time_is_at_its_time_limit() -> None:
+    running = job("RUNNING")
+    from datetime import datetime
+    end = datetime.fromisoformat("2026-12-03T08:01:00").timestamp()
+    assert classify(ENV, running, None, at=end + 0.5)["kind"] == "time_limit"
+    assert classify(ENV, running, None, at=end - 30)["kind"] == "unknown"
+
+
+def test_without_scontrol_the_environments_end_time_decides() -> None:
+    env = {**ENV, "SLURM_JOB_END_TIME": "1000"}
+    assert classify(env, None, None, at=999.5)["kind"] == "time_limit"
+    cause = classify(env, None, None, at=900.0)
+    assert cause["kind"] == "unknown" and cause["evidence"]["scontrol"] is False
