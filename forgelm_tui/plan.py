@@ -13,7 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from forgelm_tui.cluster.config import ClusterConfig, cluster_config
-from forgelm_tui.cluster.kill_wait import GraceChoice, KillWaitError, choose_grace
+from forgelm_tui.cluster.kill_wait import (
+    GraceChoice,
+    KillWaitError,
+    choose_grace,
+    scheduler_reaches_ranks,
+)
 from forgelm_tui.engine.spec import LaunchSpec
 from forgelm_tui.forgelm_mode import JobConfigError, find_config_arg, read_job_config
 from forgelm_tui.options import (
@@ -138,6 +143,7 @@ class Planner:
             drain=ns.drain,
             stall_timeout=ns.stall_timeout,
             forward_signals=parse_signals(ns.forward_signals),
+            scheduler_reaches_ranks=scheduler_reaches_ranks(os.environ),
             cwd=self.cwd, max_restarts=self.info.max_restarts,
         )
         info = self.info

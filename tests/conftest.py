@@ -268,5 +268,11 @@ def pytest_configure(config: pytest.Config) -> None:
         start_lint_jobs()
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The real-SLURM tests first (a stable sort, the same in every xdist worker): their jobs,
+    submitted together, then run while the rest of the suite does (tests/slurm_jobs.py)."""
+    items.sort(key=lambda item: item.get_closest_marker("slurm") is None)
+
+
 __all__ = ["RANKS", "FakeClock", "Run", "make_plan", "pid_alive", "rank_record", "rank_script",
            "ready_pids", "rk", "run_cli", "signal", "start", "wait_for"]

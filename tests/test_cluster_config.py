@@ -150,7 +150,7 @@ def test_srun_step_configures_the_node(scontrol: Path) -> None:
     assert (cfg.nnodes, cfg.node_rank, cfg.source) == (2, 1, "slurm")
     assert (cfg.master_addr, cfg.store_host) == ("gpu01", "gpu01")
     assert (cfg.run_id, cfg.run_id_fixed) == ("slurm-1234.0", True)
-    assert cfg.master_port == 20000 + 1234 % 20000 == default_port("1234")
+    assert cfg.master_port == 20000 + 2 * (1234 * 4 % 10000) == default_port("1234", "0")
     assert cfg.store_port == cfg.master_port + 1
     assert cfg.nproc == 4
 
@@ -162,8 +162,20 @@ def test_srun_step_with_a_port_and_a_run_id(scontrol: Path) -> None:
 
 
 def test_default_port_stays_in_range() -> None:
-    assert default_port("59999") == 39999 and default_port("40000") == 20000
+    assert default_port("2499", "3") == 39998 and default_port("2500") == 20000
     assert default_port("not-a-number") == 29500
+
+
+def test_neighbouring_jobs_and_steps_never_share_a_port() -> None:
+    """A job's master port and its control store's (+1) against its neighbours' on one node:
+    job N's store port was job N+1's master port (found on the real SLURM cluster)."""
+    taken: set[int] = set()
+    for job in range(1000, 1100):
+        for step in ("0", "1", "2"):
+            port = default_port(str(job), step)
+            assert port >= 20000 and port + 1 <= 39999
+            assert not {port, port + 1} & taken, (job, step)
+            taken |= {port, port + 1}
 
 
 @pytest.mark.parametrize("tasks", [{"SLURM_STEP_NUM_TASKS": "4",

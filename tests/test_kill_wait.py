@@ -19,6 +19,7 @@ from forgelm_tui.cluster.kill_wait import (
     KillWaitError,
     choose_grace,
     parse_kill_wait,
+    scheduler_reaches_ranks,
 )
 
 pytestmark = pytest.mark.timeout(60)
@@ -121,3 +122,14 @@ def test_a_bad_kill_wait_is_one_line_and_exit_1(tmp_path: Path) -> None:
     (line,) = err.strip().splitlines()
     assert line.startswith("forgelm-tui: error: --kill-wait must be more than 0 seconds (exit 1")
     assert json.loads(out)["exit_name"] == "EXIT_CONFIG_ERROR"
+
+
+@pytest.mark.parametrize(("env", "config", "expected"), [
+    ({"SLURM_JOB_ID": "7"}, "ProctrackType           = proctrack/linuxproc\n", True),
+    ({"SLURM_JOB_ID": "7"}, "ProctrackType           = proctrack/cgroup\n", False),
+    ({"SLURM_JOB_ID": "7"}, None, False),  # scontrol did not answer: forward, as always
+    ({}, "ProctrackType = proctrack/linuxproc\n", False),  # not inside a SLURM job
+])
+def test_the_schedulers_signals_reach_the_ranks_only_under_linuxproc(
+        env: dict[str, str], config: str | None, expected: bool) -> None:
+    assert scheduler_reaches_ranks(env, lambda: config) is expected

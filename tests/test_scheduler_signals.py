@@ -21,6 +21,17 @@ pytestmark = pytest.mark.timeout(60)
 SCHEDULER_ENV = {"SLURM_JOB_ID": "4242", "FORGELM_TUI_KILL_WAIT": "60"}
 
 
+def scheduler_env(tmp_path: Path, proctrack: str = "linuxproc") -> dict[str, str]:
+    """Inside a SLURM job: a stand-in ``scontrol show config`` says how slurmstepd tracks the
+    step's processes (linuxproc: its signals reach every rank too; cgroup: only the task)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    scontrol = bin_dir / "scontrol"
+    scontrol.write_text(f"#!/bin/sh\necho 'ProctrackType           = proctrack/{proctrack}'\n")
+    scontrol.chmod(0o755)
+    return {**SCHEDULER_ENV, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+
 def ready(marks: Path, ranks: int) -> dict[int, tuple[int, int]]:
     """Each rank's pid and blocked-signal mask, once every rank is set up."""
 
@@ -56,7 +67,7 @@ def test_a_time_limit_burst_is_one_graceful_stop_and_every_cleanup_finishes(
             rank_script("term_burst.py"), str(marks), "1.5", no_handler]
     if runner:
         args.append("--runner")
-    run = start(args, tmp_path, env=SCHEDULER_ENV)
+    run = start(args, tmp_path, env=scheduler_env(tmp_path))
     ranks = ready(marks, 3)
     assert all(mask == 0 for _, mask in ranks.values()), f"ranks start unblocked: {ranks}"
     burst([run.proc.pid, *(pid for pid, _ in ranks.values())])
@@ -86,7 +97,7 @@ def test_a_rank_killed_by_sigterm_alone_is_still_a_failure(tmp_path: Path,
     """Only rank 1 gets SIGTERM (someone killed that process): no outside stop explains it."""
     run = start(["--nproc-per-node", "2", "--grace", "5",
                  rank_script("term_burst.py"), str(marks), "0.1", "1"], tmp_path,
-                env=SCHEDULER_ENV)
+                env=scheduler_env(tmp_path))
     ranks = ready(marks, 2)
     os.kill(ranks[1][0], signal.SIGTERM)
     assert run.wait(30) == 2
@@ -97,24 +108,29 @@ def test_a_rank_killed_by_sigterm_alone_is_still_a_failure(tmp_path: Path,
     assert envelope["cancel_requests"] == []
 
 
-def test_the_schedulers_sigusr1_reaches_each_rank_once(tmp_path: Path, marks: Path) -> None:
-    """``--signal=USR1@N`` under srun reaches every process of the step: the supervisor records
-    it and sends it again to no rank."""
+@pytest.mark.parametrize("proctrack", ["linuxproc", "cgroup"])
+def test_the_schedulers_sigusr1_reaches_each_rank_once(tmp_path: Path, marks: Path,
+                                                       proctrack: str) -> None:
+    """``--signal=USR1@N`` under srun: with proctrack/linuxproc slurmstepd signals every process
+    of the step, so the supervisor records it and sends it to no rank again; with cgroup only
+    the task (the supervisor) gets it, so it is forwarded as any other."""
     run = start(["--nproc-per-node", "2", rank_script("term_burst.py"), str(marks), "0.1", "-"],
-                tmp_path, env=SCHEDULER_ENV)
+                tmp_path, env=scheduler_env(tmp_path, proctrack))
     ranks = ready(marks, 2)
-    for pid in [run.proc.pid, *(pid for pid, _ in ranks.values())]:
+    direct = proctrack == "linuxproc"
+    for pid in [run.proc.pid, *(pid for pid, _ in ranks.values() if direct)]:
         os.kill(pid, signal.SIGUSR1)
     wait_for(lambda: all((marks / f"usr1-{r}").exists() for r in range(2)), 10, "SIGUSR1")
     run.signal(signal.SIGTERM)
     assert run.wait(30) == 2
     envelope = run.envelope()
     forwarded = envelope["forwarded_signals"]
-    assert len(forwarded) == 1 and forwarded[0]["sent_by_scheduler"] is True, forwarded
-    assert forwarded[0]["sender"]["kind"] == "scheduler"
+    assert len(forwarded) == 1 and forwarded[0]["sent_by_scheduler"] is direct, forwarded
+    assert forwarded[0]["sender"]["kind"] == "scheduler" and forwarded[0]["ranks"] == [0, 1]
     for rank in range(2):
         assert len((marks / f"usr1-{rank}").read_text().splitlines()) == 1
-    assert all(s["purpose"] != "forward" for r in envelope["ranks"] for s in r["signals_sent"])
+    resent = [s for r in envelope["ranks"] for s in r["signals_sent"] if s["purpose"] == "forward"]
+    assert len(resent) == (0 if direct else 2), resent
 
 
 def test_a_second_sigint_from_another_process_still_kills_at_once(tmp_path: Path,
@@ -122,7 +138,7 @@ def test_a_second_sigint_from_another_process_still_kills_at_once(tmp_path: Path
     """A person asking again (another process) escalates even under a scheduler."""
     run = start(["--nproc-per-node", "2", "--grace", "30", "--exit-contract", "raw",
                  rank_script("sleeper.py"), str(marks), "--ignore-term", "0"], tmp_path,
-                env=SCHEDULER_ENV)
+                env=scheduler_env(tmp_path))
     wait_for(lambda: all((marks / f"ready-{r}").exists() for r in range(2)), 30, "ready")
     run.signal(signal.SIGINT)
     wait_for(lambda: (marks / "got-SIGTERM-0").exists(), 10, "rank 0 to get SIGTERM")

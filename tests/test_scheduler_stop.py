@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from forgelm_tui.cluster.scheduler_stop import classify, parse_job
+from forgelm_tui.cluster.scheduler_stop import classify, limit_seconds, parse_job
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -35,12 +35,21 @@ def test_the_job_state_names_the_kind(state: str, kind: str) -> None:
     assert cause["evidence"]["job_state"] == state and cause["evidence"]["sender"]["pid"] == 7
 
 
-def test_a_running_job_past_its_end_time_is_at_its_time_limit() -> None:
-    running = job("RUNNING")
+def test_a_job_past_its_start_and_limit_is_at_its_time_limit() -> None:
+    """slurmctld says COMPLETING at first, whatever the cause: the limit decides, never EndTime
+    (a cancelled job's is the moment of the cancel)."""
     from datetime import datetime
-    end = datetime.fromisoformat("2026-12-03T08:01:00").timestamp()
-    assert classify(ENV, running, None, at=end + 0.5)["kind"] == "time_limit"
-    assert classify(ENV, running, None, at=end - 30)["kind"] == "unknown"
+    start = datetime.fromisoformat("2026-12-03T08:00:00").timestamp()
+    completing = job("COMPLETING")
+    assert classify(ENV, completing, None, at=start + 60.5)["kind"] == "time_limit"
+    cancelled = classify(ENV, completing, None, at=start + 30)  # EndTime passed, limit not
+    assert cancelled["kind"] == "unknown"
+    assert cancelled["evidence"]["time_limit_at"] == start + 60
+
+
+def test_accountings_state_names_the_cause_while_slurmctld_says_completing() -> None:
+    cause = classify(ENV, job("COMPLETING"), None, at=0.0, accounted="CANCELLED by 0")
+    assert cause["kind"] == "scancel" and cause["evidence"]["accounted_state"] == "CANCELLED by 0"
 
 
 def test_without_scontrol_the_environments_end_time_decides() -> None:
@@ -48,3 +57,11 @@ def test_without_scontrol_the_environments_end_time_decides() -> None:
     assert classify(env, None, None, at=999.5)["kind"] == "time_limit"
     cause = classify(env, None, None, at=900.0)
     assert cause["kind"] == "unknown" and cause["evidence"]["scontrol"] is False
+
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    ("00:01:00", 60), ("5", 300), ("05:30", 330), ("1-00:00:00", 86400),
+    ("2-03", 2 * 86400 + 3 * 3600), ("1-01:02", 86400 + 3600 + 120), ("UNLIMITED", None),
+    ("", None)])
+def test_slurm_time_limits_are_read(text: str, seconds: float | None) -> None:
+    assert limit_seconds(text) == seconds

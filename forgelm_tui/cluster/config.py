@@ -109,7 +109,7 @@ def _from_slurm(ns: argparse.Namespace, nproc: int, run_id: str,
     if step.nnodes == 1:
         return None
     port = (_port(ns.master_port, "--master-port") if ns.master_port
-            else default_port(step.job_id))
+            else default_port(step.job_id, step.step_id))
     return ClusterConfig(
         nnodes=step.nnodes, node_rank=step.node_rank, store_host=step.master_addr,
         store_port=port + CONTROL_PORT_OFFSET, master_addr=step.master_addr, master_port=port,

@@ -12,6 +12,7 @@ than the window allows gets a warning naming it, and is kept: the operator may k
 
 from __future__ import annotations
 
+import functools
 import re
 import shutil
 import subprocess
@@ -23,6 +24,7 @@ MARGIN = 5.0  # the supervisor's own end after the grace: envelope, exit
 MIN_GRACE = 1.0
 KILL_WAIT_ENV = "FORGELM_TUI_KILL_WAIT"
 _KILL_WAIT = re.compile(r"^\s*KillWait\s*=\s*(\d+)\s*sec", re.MULTILINE)
+_PROCTRACK = re.compile(r"^\s*ProctrackType\s*=\s*(\S+)", re.MULTILINE)
 
 
 class KillWaitError(Exception):
@@ -38,8 +40,9 @@ class GraceChoice:
     warning: str | None  # one line for the operator, or None
 
 
-def scontrol_kill_wait(timeout: float = 10.0) -> float | None:
-    """SLURM's KillWait in seconds from ``scontrol show config``; None if it cannot be read."""
+@functools.cache
+def scontrol_config(timeout: float = 10.0) -> str | None:
+    """``scontrol show config``, once per process; None if it cannot be read."""
     scontrol = shutil.which("scontrol")
     if scontrol is None:
         return None
@@ -48,7 +51,26 @@ def scontrol_kill_wait(timeout: float = 10.0) -> float | None:
                               timeout=timeout, check=False, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return parse_kill_wait(done.stdout) if done.returncode == 0 else None
+    return done.stdout if done.returncode == 0 else None
+
+
+def scontrol_kill_wait() -> float | None:
+    """SLURM's KillWait in seconds from ``scontrol show config``; None if it cannot be read."""
+    config = scontrol_config()
+    return None if config is None else parse_kill_wait(config)
+
+
+def scheduler_reaches_ranks(env: Mapping[str, str],
+                            read_config: Callable[[], str | None] = scontrol_config) -> bool:
+    """Whether SLURM's own signals (scancel, a time limit, ``--signal``) reach the ranks as
+    well as forgelm-tui: with ``ProctrackType=proctrack/linuxproc`` slurmstepd signals every
+    process of the step; with ``proctrack/cgroup`` (most clusters) only the task, forgelm-tui
+    (measured on SLURM 22.05: docs/schedulers.md). Outside a SLURM job: no."""
+    if not env.get("SLURM_JOB_ID"):
+        return False
+    config = read_config()
+    found = _PROCTRACK.search(config or "")
+    return found is not None and found.group(1) == "proctrack/linuxproc"
 
 
 def parse_kill_wait(config: str) -> float | None:

@@ -34,6 +34,7 @@ from forgelm_tui.engine.supervisor import Supervisor
 from forgelm_tui.verdict import StopKind
 
 INBOX_WAIT = 1.0  # one blocking pop; the thread checks for shutdown between pops
+TICK_WAIT = 2.0  # one call of the ticker's connection (a fresh one after a call timed out)
 
 
 class LinkPeers:
@@ -76,6 +77,7 @@ class NodeLink:
         self._failure_told = False
         self._beat_handle: asyncio.TimerHandle | None = None
         self._finals_read: set[int] = set()  # ticker thread only
+        self._beating: set[int] = set()  # nodes whose heartbeat key exists (ticker thread)
         self.failure_seen: float | None = None  # when this node first knew of a failure stop
 
     # ------------------------------------------------------------------ lifetime
@@ -253,9 +255,14 @@ class NodeLink:
                 self._post(self._on_message, message)
 
     def _ticker_thread(self) -> None:
-        try:
-            while True:
-                kind, payload = self._commands.get()
+        """Publish and poll. A store that answers late (node 0 starved of CPU) is not node 0
+        gone: a call that times out is retried on a fresh connection (a late answer would be
+        read as the next call's) until the node timeout passes with none answered; a refused
+        or reset connection is node 0 gone at once."""
+        answered = time.monotonic()
+        while True:
+            kind, payload = self._commands.get()
+            try:
                 if kind == "quit":
                     with contextlib.suppress(StoreLost, StoreTimeout):
                         self.store.push(f"inbox/{self.me}", {"kind": "quit"})
@@ -263,8 +270,20 @@ class NodeLink:
                 self._publish(kind, payload)
                 if kind in ("beat", "poll"):
                     self._poll()
-        except (StoreLost, StoreTimeout) as exc:
-            self._post(self._store_gone, str(exc))
+                answered = time.monotonic()
+            except StoreLost as exc:
+                return self._post(self._store_gone, str(exc))
+            except StoreTimeout as exc:
+                if time.monotonic() - answered >= self.config.node_timeout:
+                    return self._post(self._store_gone, str(exc))
+                if kind not in ("beat", "poll"):
+                    self._commands.put((kind, payload))  # a stop, a kill, the final: again
+                self._reconnect()
+
+    def _reconnect(self) -> None:
+        host = "127.0.0.1" if self.me == 0 else self.config.store_host
+        with contextlib.suppress(StoreLost, StoreTimeout):
+            self.store = self.store.client(host, self.config.store_port, TICK_WAIT)
 
     def _publish(self, kind: str, payload: Any) -> None:
         store = self.store
@@ -285,7 +304,12 @@ class NodeLink:
     def _poll(self) -> None:
         store = self.store
         peers = [n for n in range(self.nnodes) if n != self.me]
-        beats = dict(zip(peers, store.many([f"beat/{n}" for n in peers]), strict=True))
+        for node in peers:  # a node's first beat may come after this node's first poll
+            if node not in self._beating and store.has([f"beat/{node}"]):
+                self._beating.add(node)
+        beating = sorted(self._beating)
+        beats = dict(zip(beating, store.many([f"beat/{n}" for n in beating]),
+                         strict=True)) if beating else {}
         finals = {n: store.get(f"final/{n}") for n in peers
                   if n not in self._finals_read and store.has([f"final/{n}"])}
         self._finals_read.update(finals)

@@ -6,8 +6,8 @@ then. The kind:
 
 | kind | evidence |
 |---|---|
-| ``time_limit`` | JobState ``TIMEOUT``, or the job's ``EndTime`` (``SLURM_JOB_END_TIME``) reached |
-| ``scancel`` | JobState ``CANCELLED`` |
+| ``time_limit`` | JobState ``TIMEOUT``, or start + ``TimeLimit`` (``SLURM_JOB_END_TIME``) reached |
+| ``scancel`` | JobState ``CANCELLED`` (accounting's, while slurmctld says COMPLETING) |
 | ``preempted`` | JobState ``PREEMPTED`` |
 | ``node_failure`` | JobState ``NODE_FAIL`` |
 | ``unknown`` | none of these (a signal from elsewhere, or scontrol could not answer) |
@@ -33,7 +33,8 @@ from forgelm_tui.engine.records import CancelSource
 if TYPE_CHECKING:
     from forgelm_tui.engine.supervisor import Supervisor
 
-SCONTROL_WAIT = 3.0  # seconds: the envelope must be on disk well before KillWait ends
+SCONTROL_WAIT = 1.5  # seconds a client call may take: the envelope must be on disk well before
+# the scheduler's SIGKILL, and the two calls are made while the ranks stop
 _STATES = {"TIMEOUT": "time_limit", "CANCELLED": "scancel", "PREEMPTED": "preempted",
            "NODE_FAIL": "node_failure", "DEADLINE": "time_limit"}
 END_MARGIN = 2.0  # a signal this close to the job's end time is its time limit
@@ -61,28 +62,65 @@ def _epoch(value: str | None) -> float | None:
         return None
 
 
+def limit_seconds(value: str | None) -> float | None:
+    """SLURM's time format (``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH[:MM[:SS]]``) in seconds;
+    None for ``UNLIMITED`` and anything else."""
+    if not value:
+        return None
+    days, _, clock = value.rpartition("-") if "-" in value else ("0", "", value)
+    try:
+        parts = [int(p) for p in clock.split(":")]
+        day = int(days or 0)
+    except ValueError:
+        return None
+    if "-" in value:  # D-HH, D-HH:MM, D-HH:MM:SS
+        hours, minutes, seconds = [*parts, 0, 0][:3]
+    elif len(parts) == 3:
+        hours, minutes, seconds = parts
+    elif len(parts) == 2:
+        hours, minutes, seconds = 0, parts[0], parts[1]
+    else:
+        hours, minutes, seconds = 0, parts[0], 0
+    return float(((day * 24 + hours) * 60 + minutes) * 60 + seconds)
+
+
+def limit_end(env: Mapping[str, str], job: Mapping[str, str] | None) -> float | None:
+    """When the job's time limit falls: its start plus its limit (scontrol), else the end time
+    SLURM gave the job at its start (``SLURM_JOB_END_TIME``). Not ``EndTime``: a cancelled
+    job's is the moment of the cancel."""
+    start = _epoch((job or {}).get("StartTime"))
+    limit = limit_seconds((job or {}).get("TimeLimit"))
+    if start is not None and limit is not None:
+        return start + limit
+    return _epoch(env.get("SLURM_JOB_END_TIME"))
+
+
 def classify(env: Mapping[str, str], job: Mapping[str, str] | None, sender: dict[str, Any] | None,
-             at: float) -> dict[str, Any]:
-    """The scheduler's reason for the stop that began at ``at`` (epoch seconds)."""
+             at: float, accounted: str | None = None) -> dict[str, Any]:
+    """The scheduler's reason for the stop that began at ``at`` (epoch seconds). ``accounted``:
+    the job's state in accounting (``sacct``), which names the cause while slurmctld's own
+    still says COMPLETING."""
     state = (job or {}).get("JobState")
-    end = _epoch((job or {}).get("EndTime")) or _epoch(env.get("SLURM_JOB_END_TIME"))
+    end = limit_end(env, job)
     evidence: dict[str, Any] = {
-        "job_id": env.get("SLURM_JOB_ID"), "job_state": state,
-        "reason": (job or {}).get("Reason"), "end_time": end,
+        "job_id": env.get("SLURM_JOB_ID"), "job_state": state, "accounted_state": accounted,
+        "reason": (job or {}).get("Reason"), "time_limit_at": end,
         "scontrol": job is not None, "sender": sender}
-    kind = _STATES.get(state or "")
+    named = [_STATES.get((s or "").split(" ")[0]) for s in (state, accounted)]
+    kind = next((k for k in named if k), None)
     if kind is None and end is not None and at >= end - END_MARGIN:
         kind = "time_limit"
     return {"kind": kind or "unknown", "evidence": evidence}
 
 
-async def read_job(job_id: str, wait: float = SCONTROL_WAIT) -> dict[str, str] | None:
-    scontrol = shutil.which("scontrol")
-    if scontrol is None:
+async def _run(argv: list[str], wait: float) -> str | None:
+    """A client command's output, or None (missing, failed, or no answer within ``wait``)."""
+    path = shutil.which(argv[0])
+    if path is None:
         return None
     try:
         proc = await asyncio.create_subprocess_exec(
-            scontrol, "show", "job", "-o", job_id, stdin=asyncio.subprocess.DEVNULL,
+            path, *argv[1:], stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
     except OSError:
         return None
@@ -93,17 +131,26 @@ async def read_job(job_id: str, wait: float = SCONTROL_WAIT) -> dict[str, str] |
             proc.kill()
         await proc.wait()
         return None
-    return parse_job(out.decode("utf-8", "replace")) if proc.returncode == 0 else None
+    return out.decode("utf-8", "replace") if proc.returncode == 0 else None
 
 
 async def scheduler_stop(env: Mapping[str, str], sender: dict[str, Any] | None,
                          at: float | None = None) -> dict[str, Any] | None:
-    """The stop's scheduler cause inside a SLURM job; None outside one."""
+    """The stop's scheduler cause inside a SLURM job; None outside one. slurmctld's state
+    first; while it says only COMPLETING or RUNNING, accounting's (``sacct``), which has the
+    cause at once when the cluster keeps accounting."""
     job_id = env.get("SLURM_JOB_ID")
     if not job_id:
         return None
     at = time.time() if at is None else at
-    return classify(env, await read_job(job_id), sender, at)
+    text = await _run(["scontrol", "show", "job", "-o", job_id], SCONTROL_WAIT)
+    job = None if text is None else parse_job(text)
+    accounted = None
+    if (job or {}).get("JobState") not in _STATES:
+        rows = await _run(["sacct", "-j", job_id, "-X", "-n", "-P", "-o", "State"],
+                          SCONTROL_WAIT)
+        accounted = (rows or "").strip().splitlines()[0] if (rows or "").strip() else None
+    return classify(env, job, sender, at, accounted)
 
 
 class SchedulerCause:
@@ -133,6 +180,6 @@ class SchedulerCause:
         if self._task is None:
             return None
         try:
-            return await asyncio.wait_for(self._task, SCONTROL_WAIT + 1.0)
+            return await asyncio.wait_for(self._task, 2 * SCONTROL_WAIT + 0.5)
         except (TimeoutError, OSError):
             return None

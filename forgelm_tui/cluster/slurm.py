@@ -24,6 +24,7 @@ class SlurmStep:
     master_addr: str
     run_id: str
     job_id: str
+    step_id: str = "0"
 
 
 def in_srun_step(env: Mapping[str, str]) -> bool:
@@ -46,7 +47,8 @@ def read_step(env: Mapping[str, str]) -> SlurmStep:
                          "SLURM_JOB_NODELIST)")
     job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or "0"
     master = "127.0.0.1" if nnodes == 1 else first_host(nodelist)  # one node: nothing to find
-    return SlurmStep(nnodes, node_rank, master, f"slurm-{job}.{env['SLURM_STEP_ID']}", job)
+    return SlurmStep(nnodes, node_rank, master, f"slurm-{job}.{env['SLURM_STEP_ID']}", job,
+                     env["SLURM_STEP_ID"])
 
 
 def first_host(nodelist: str) -> str:
@@ -67,12 +69,17 @@ def first_host(nodelist: str) -> str:
     return hosts[0]
 
 
-def default_port(job_id: str) -> int:
-    """A master port every node of the job derives alike (no flag needed): 20000-39999."""
+def default_port(job_id: str, step_id: str = "0") -> int:
+    """A master port every node of the step derives alike (no flag needed), even, in
+    20000-39998; the control store takes the odd port above it. Jobs (and steps) that share a
+    node never take each other's pair: consecutive job ids used to (job N's store port was job
+    N+1's master port), and a scheduler puts consecutive jobs on one node all the time."""
+    step = int(step_id) if step_id.isdigit() else 0
     try:
-        return 20000 + int(job_id) % 20000
+        slot = (int(job_id) * 4 + step) % 10000
     except ValueError:
         return 29500
+    return 20000 + 2 * slot
 
 
 def _int(env: Mapping[str, str], *names: str) -> int:

@@ -32,6 +32,9 @@ class LaunchSpec:
     stacks_deadline: float = 2.0  # a stall stop waits at most this long for the ranks' stacks
     sample_interval: float = 1.0
     forward_signals: tuple[int, ...] = (signal.SIGUSR1, signal.SIGUSR2)
+    # The scheduler's own signals reach every rank too (SLURM with proctrack/linuxproc): one
+    # it sent to forgelm-tui is recorded, not forwarded again (engine/signal_inbox.py).
+    scheduler_reaches_ranks: bool = False
     extra_env: Mapping[str, str] = field(default_factory=dict)
     cwd: Path | None = None
     unbuffered: bool = True  # PYTHONUNBUFFERED=1 unless the caller set it

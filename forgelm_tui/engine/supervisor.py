@@ -273,13 +273,13 @@ class Supervisor:
     def forward(self, sig: int, origin: str | None = None,
                 source: CancelSource = CancelSource.SIGNAL, sender: Sender | None = None) -> None:
         """A signal to every live rank's main process, nothing stopped: held before they start;
-        recorded only when the scheduler sent it, as it did to every process of the step."""
+        recorded only when the scheduler sent it and reaches the ranks itself (spec.py)."""
         origin = origin or f"{signal_name(sig)} to the supervisor"
         request = ForwardRequest(source, origin, sig, time.time(), (), sender=sender)
         if not self._launched:
             return self._held.hold(request)
         live = self._policy.live()
-        if sender is not None and sender.kind == SenderKind.SCHEDULER:
+        if self.spec.scheduler_reaches_ranks and sender and sender.kind == SenderKind.SCHEDULER:
             return self._forwarded(replace(request, ranks=tuple(r.rank for r in live),
                                            by_scheduler=True))
         sent = self.signal_ranks(live, sig, Purpose.FORWARD,

@@ -4,9 +4,10 @@ a line to MARKS/usr1-RANK for each SIGUSR1, and on the first SIGTERM runs a clea
 (a checkpoint write) in ``except Exception``, writing MARKS/cleanup-RANK when done, then exits 2
 as ForgeLM does. Its own SIGTERM handler only raises once (later SIGTERMs are the same request);
 with --runner the graceful runner's is used instead. A rank in NO_HANDLER has no SIGTERM handler:
-it dies of the first.
+it dies of the first. With --gloo it joins a gloo group first and all-reduces every 0.2 s (a
+job across real nodes); the cleanup uses no collective.
 
-argv: MARKS SECONDS NO_HANDLER (comma-separated ranks, or -) [--runner]
+argv: MARKS SECONDS NO_HANDLER (comma-separated ranks, or -) [--runner] [--gloo]
 """
 
 import os
@@ -35,6 +36,17 @@ def on_usr1(signum, frame):
 
 if own_handler:
     signal.signal(signal.SIGTERM, on_term)
+reduce = None
+if "--gloo" in sys.argv:
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    value = torch.ones(1)
+
+    def reduce():
+        dist.all_reduce(value)
+
 signal.signal(signal.SIGUSR1, on_usr1)
 with open("/proc/self/status") as status:
     blocked = status.read().split("SigBlk:")[1].split()[0]
@@ -43,7 +55,11 @@ with open(os.path.join(marks, f"ready-{rank}.tmp"), "w") as handle:
 os.replace(os.path.join(marks, f"ready-{rank}.tmp"), os.path.join(marks, f"ready-{rank}"))
 try:
     while True:
-        time.sleep(0.05)
+        if reduce is not None:
+            reduce()
+            time.sleep(0.2)
+        else:
+            time.sleep(0.05)
 except Exception as exc:
     print(f"rank {rank}: {type(exc).__name__}, cleanup ({seconds:g} s)", flush=True)
     end = time.monotonic() + seconds

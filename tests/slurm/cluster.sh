@@ -8,11 +8,16 @@
 #   ensure          like up, but a no-op when `status` already passes
 #   down            stop everything we started, remove netns/veths/bridge
 #   status          exit 0 iff all daemons run and both nodes are idle
+#   healthy         exit 0 iff all daemons run and both nodes respond (busy or not)
 #   env             print the exports a client needs (eval "$(cluster.sh env)")
 #   exec NODE CMD.. run CMD "on" NODE (its network, UTS and mount namespaces)
 #   cut NODE        take NODE's link down (network cut of that node)
 #   heal NODE       bring NODE's link back up
 #   logs [NAME]     tail the daemon logs
+#
+# Environment: FSLURM_PROCTRACK=linuxproc (default cgroup) switches the
+# nodes to proctrack/cgroup (see below); FSLURM_KEEP_ON_FAIL=1 leaves a
+# failed `up` running for inspection; FSLURM_STATE moves the state dir.
 #
 # Design
 #   Everything lives in $STATE (/run/forgelm-tui-slurm): slurm.conf and
@@ -45,22 +50,59 @@
 #   * slurmd must be started with nsenter --net=/run/netns/X + unshare
 #     --uts --mount, NOT `ip netns exec` (that remounts /sys and slurmd
 #     22.05 then fails on cgroups even with proctrack/linuxproc).
-#   * TaskPlugin=task/none, ProctrackType=proctrack/linuxproc, no cgroup
-#     plugin at all.  SlurmdParameters=config_overrides so CPUs=2 and the
-#     small RealMemory are taken as configured whatever the machine has.
+#   * TaskPlugin=task/none; ProctrackType=proctrack/cgroup with the v1
+#     freezer, each slurmd in a cgroup namespace of its own (the default:
+#     what most clusters run), or proctrack/linuxproc with no cgroup plugin at
+#     all (FSLURM_PROCTRACK=linuxproc).  Under linuxproc slurmstepd signals
+#     every descendant of the batch script, srun included, and srun answers
+#     SIGTERM with "forcing job termination": SIGKILL to its step's tasks, so
+#     nothing in an sbatch+srun job gets a grace at a time limit or scancel
+#     (measured; docs/schedulers.md).  SlurmdParameters=config_overrides so
+#     CPUs=8 (jobs side by side, mostly idle) and the small RealMemory are
+#     taken as configured whatever the machine has.
 #   * Per-node SlurmdSpoolDir/SlurmdPidFile/SlurmdLogFile use %n: both
 #     slurmds share this filesystem.
-#   * KillWait=10, OverTimeLimit=0, InactiveLimit=0, MinJobAge=15 (finished
-#     jobs leave squeue ~15-45 s after the end; sacct keeps them).
+#   * KillWait=10, OverTimeLimit=0, InactiveLimit=0, MinJobAge=15.
+#     slurmctld enforces time limits on a ~30 s cycle: --time=1 jobs were
+#     ended after 87 s, --time=2 after 143 s; sacct then says TIMEOUT.
+#     A scancel'ed job is "CANCELLED by 0" in sacct.  End records reach
+#     sacct a moment after the job ends: poll, do not read once.
+#   * What slurmstepd sends (proctrack/linuxproc; sender = the step's own
+#     slurmstepd, which is the getppid() of every task srun started and of
+#     the batch script):
+#       time limit, srun step tasks:  SIGTERM, SIGCONT, SIGTERM (within
+#         ~25 ms), SIGKILL ~9.6 s later (KillWait);
+#       time limit, batch script:     SIGCONT, SIGTERM, SIGKILL ~9.6 s later;
+#       scancel (tasks and batch):    SIGCONT, SIGTERM, SIGKILL ~9.6 s later;
+#       --signal=USR1@60:   USR1 then CONT to step tasks only, not the batch
+#                           script (52 s into a 2 min job: up to 60 s early);
+#       --signal=B:USR1@60: CONT then USR1 to the batch script only.
+#     Descendants of a task (e.g. python under `bash -c '...; x'`, or the
+#     children of a supervisor task) differ between the proctrack plugins:
+#       linuxproc (default): they get the same CONT/TERM (si_pid = slurmstepd,
+#         NOT their getppid()); but once their parent has exited they are
+#         orphans that linuxproc no longer finds: no SIGKILL, they outlive
+#         the job, the step stays COMPLETING until slurmstepd gives up on
+#         their stdout ("Abandoning IO 60 secs after job shutdown"), and
+#         srun says "Timed out waiting for job step to complete".
+#       cgroup (FSLURM_PROCTRACK=cgroup): only the tasks themselves (the
+#         children of slurmstepd) get CONT/TERM/USR1; descendants get
+#         nothing until the task exits, and then SIGKILL at once.
+#     In both, `down` kills whatever is left inside the node namespaces.
 #   * Debian's /usr/sbin/policy-rc.d (exit 101) stops the packages'
 #     postinst from starting munge/mariadb/slurm*; where it is missing we
 #     put one in place for the duration of our apt-get.
 #   * Every daemon is ours: started by this script, tracked by a pid file
 #     in $STATE/run, and `down` also kills whatever still runs inside the
 #     node network namespaces (slurmstepd, job tasks) before deleting them.
+#     Daemons are orphans reaped by this machine's PID 1, which does so only
+#     every 1-2 s; `down` waits for that so `ps` is clean when it returns.
+#   * `up` takes 3-6 s here once the packages are installed (12 s seen on a
+#     cold first run); `down` about 3 s.
 set -euo pipefail
 
 STATE=${FSLURM_STATE:-/run/forgelm-tui-slurm}
+[[ $STATE == /?*/?* && $STATE != *..* ]] || { echo "bad FSLURM_STATE '$STATE'" >&2; exit 2; }
 CLUSTER=fslurm
 CTL_NAME=fctl
 BRIDGE=fslurm-br0
@@ -70,7 +112,8 @@ NODES=(fnode1 fnode2)
 CTLD_PORT=6917
 SLURMD_PORT=6918
 DBD_PORT=6919
-PACKAGES=(slurm-wlm slurmdbd munge mariadb-server)
+PROCTRACK=${FSLURM_PROCTRACK:-cgroup}  # or linuxproc (see start_slurmd and the header)
+PACKAGES=(slurm-wlm slurmdbd munge mariadb-server iproute2 procps)
 
 CONF=$STATE/etc/slurm.conf
 DBD_CONF=$STATE/etc/slurmdbd.conf
@@ -79,10 +122,16 @@ MYSQL_DIR=$STATE/mysql
 MYSQL_SOCK=$MYSQL_DIR/mysqld.sock
 RUN=$STATE/run
 LOG=$STATE/log
+LOCKFILE=$STATE.lock
 
 export SLURM_CONF=$CONF
+KILLED=()  # pids `down` signalled, to wait until they are reaped
 
-say() { printf '[slurm-cluster] %s\n' "$*" >&2; }
+T0=${EPOCHREALTIME/./}
+say() {  # message with the seconds since the script started
+    local us=$((${EPOCHREALTIME/./} - T0))
+    printf '[slurm-cluster %d.%01ds] %s\n' $((us / 1000000)) $((us / 100000 % 10)) "$*" >&2
+}
 die() { say "ERROR: $*"; exit 1; }
 
 need_root() { [[ $(id -u) == 0 ]] || die "must run as root"; }
@@ -105,7 +154,7 @@ node_veth() { echo "fsl-$1"; }
 missing_packages() {
     local p
     for p in "${PACKAGES[@]}"; do
-        dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q '^install ok installed$' ||
+        [[ $(dpkg-query -W -f='${Status}' "$p" 2>/dev/null) == "install ok installed" ]] ||
             echo "$p"
     done
 }
@@ -186,69 +235,94 @@ pidfile_pid() {  # pidfile -> pid if alive and its comm matches
     echo "$pid"
 }
 
-stop_pidfile() {  # NAME PIDFILE COMM
-    local pid
-    pid=$(pidfile_pid "$2" "$3") || return 0
-    kill -TERM "$pid" 2>/dev/null || true
-    if ! wait_gone "$pid" 15; then
-        say "$1 (pid $pid) ignored SIGTERM; SIGKILL"
-        kill -KILL "$pid" 2>/dev/null || true
-        wait_gone "$pid" 5 || say "WARNING: $1 (pid $pid) still there"
-    fi
+stop_pidfiles() {  # SECS COMM:PIDFILE...: SIGTERM all, wait SECS, SIGKILL the rest
+    local secs=$1 spec pid pids=() left i
+    shift
+    for spec in "$@"; do
+        pid=$(pidfile_pid "${spec#*:}" "${spec%%:*}") || continue
+        pids+=("$pid")
+    done
+    [[ ${#pids[@]} -gt 0 ]] || return 0
+    KILLED+=("${pids[@]}")
+    kill -TERM "${pids[@]}" 2>/dev/null || true
+    for ((i = 0; i <= secs * 10; i++)); do
+        left=()
+        for pid in "${pids[@]}"; do pid_alive "$pid" && left+=("$pid"); done
+        [[ ${#left[@]} -gt 0 ]] || return 0
+        sleep 0.1
+    done
+    say "no exit ${secs}s after SIGTERM: $(ps -o comm= -p "$(IFS=,; echo "${left[*]}")" | tr '\n' ' ')- SIGKILL"
+    kill -KILL "${left[@]}" 2>/dev/null || true
+    for pid in "${left[@]}"; do wait_gone "$pid" 5 || say "WARNING: pid $pid still there"; done
 }
 
-netns_pids() {  # every process inside network namespace file $1
+netns_pids() {  # live (non-zombie) processes inside network namespace file $1
     local p
     [[ -e $1 ]] || return 0
     for p in /proc/[0-9]*; do
         # -ef: same device and inode, i.e. the same namespace (no fork)
-        [[ $p/ns/net -ef $1 ]] && echo "${p#/proc/}"
+        if [[ $p/ns/net -ef $1 ]] && pid_alive "${p#/proc/}"; then
+            echo "${p#/proc/}"
+        fi
     done
     return 0
 }
 
-kill_netns_procs() {  # NETNS: TERM everything inside, then KILL
-    local f=/run/netns/$1 pids p i
-    [[ -e $f ]] || return 0
+kill_netns_procs() {  # NETNS: SIGKILL whatever is left inside (stepds, tasks)
+    local f=/run/netns/$1 pids i
     pids=$(netns_pids "$f")
     [[ -n $pids ]] || return 0
-    # shellcheck disable=SC2086
-    kill -TERM $pids 2>/dev/null || true
-    for ((i = 0; i < 50; i++)); do
-        pids=$(for p in $(netns_pids "$f"); do pid_alive "$p" && echo "$p"; done)
-        [[ -z $pids ]] && return 0
-        sleep 0.1
-    done
+    # shellcheck disable=SC2206  # one pid per word
+    KILLED+=($pids)
     # shellcheck disable=SC2086
     kill -KILL $pids 2>/dev/null || true
     for ((i = 0; i < 50; i++)); do
-        pids=$(for p in $(netns_pids "$f"); do pid_alive "$p" && echo "$p"; done)
-        [[ -z $pids ]] && return 0
+        pids=$(netns_pids "$f")
+        [[ -n $pids ]] || return 0
         sleep 0.1
     done
-    say "WARNING: processes left in $1: $pids"
+    say "WARNING: processes left in $1: ${pids//$'\n'/ }"
 }
 
 sweep_leftovers() {
     # Safety net for a state dir that lost its pid files (crashed script,
     # rm -rf): our daemons carry $STATE in their command line or SLURM_CONF
     # in their environment.  Only these daemon names are ever considered.
-    local p comm pids=()
+    local p comm args envs pids=()
     for p in /proc/[0-9]*; do
-        read -r comm <"$p/comm" 2>/dev/null || continue
+        read -r comm 2>/dev/null <"$p/comm" || continue
         case $comm in
             slurmd | slurmstepd | slurmctld | slurmdbd | munged | mariadbd) ;;
             *) continue ;;
         esac
-        if tr '\0' '\n' <"$p/cmdline" 2>/dev/null | grep -qF "$STATE/" ||
-            tr '\0' '\n' <"$p/environ" 2>/dev/null | grep -qxF "SLURM_CONF=$CONF"; then
+        pid_alive "${p#/proc/}" || continue
+        args=$(tr '\0' '\n' 2>/dev/null <"$p/cmdline") || true
+        envs=$'\n'$(tr '\0' '\n' 2>/dev/null <"$p/environ")$'\n' || true
+        if [[ $args == *"$STATE/"* || $envs == *$'\n'"SLURM_CONF=$CONF"$'\n'* ]]; then
             pids+=("${p#/proc/}")
         fi
     done
     [[ ${#pids[@]} -gt 0 ]] || return 0
     say "killing leftover daemons: ${pids[*]}"
+    KILLED+=("${pids[@]}")
     kill -KILL "${pids[@]}" 2>/dev/null || true
     for p in "${pids[@]}"; do wait_gone "$p" 5 || say "WARNING: pid $p still there"; done
+}
+
+wait_reaped() {
+    # Our daemons are orphans; this machine's PID 1 reaps them only every
+    # second or two.  Wait (up to 10 s) until no zombie of ours is left, so
+    # that `ps -ef` right after `down` is clean.
+    local p i
+    for ((i = 0; i < 100; i++)); do
+        for p in "${KILLED[@]}"; do
+            [[ -e /proc/$p ]] && break
+            p=
+        done
+        [[ -z ${p:-} ]] && return 0
+        sleep 0.1
+    done
+    say "WARNING: pid $p not reaped yet (zombie)"
 }
 
 show_log() {  # NAME FILE
@@ -268,14 +342,18 @@ fail() {  # MESSAGE LOGFILE...
     exit 1
 }
 
-wait_for() {  # SECONDS DESCRIPTION LOG CMD...: poll CMD until it succeeds
-    local secs=$1 what=$2 log=$3 i
-    shift 3
-    for ((i = 0; i < secs * 5; i++)); do
-        "$@" >/dev/null 2>&1 && return 0
+wait_for() {  # SECONDS COMM PIDFILE LOG CMD...: poll CMD until it succeeds
+    # Gives up early when the daemon COMM (pid in PIDFILE) has died.
+    local secs=$1 comm=$2 pidfile=$3 log=$4 t0=$SECONDS
+    shift 4
+    while ((SECONDS - t0 < secs)); do
+        if ((SECONDS - t0 >= 1)) && ! pidfile_pid "$pidfile" "$comm" >/dev/null; then
+            fail "$comm died while starting" "$log"
+        fi
+        timeout 5 "$@" >/dev/null 2>&1 && return 0
         sleep 0.2
     done
-    fail "timed out after ${secs}s waiting for $what" "$log"
+    fail "timed out after ${secs}s waiting for $comm" "$log"
 }
 
 # --- config ----------------------------------------------------------------
@@ -288,14 +366,20 @@ write_files() {
     {
         echo "127.0.0.1 localhost"
         echo "::1 localhost ip6-localhost ip6-loopback"
-        echo "$CTL_ADDR $CTL_NAME"
+        # the controller, also under this machine's own name (the submit
+        # host of every job: SLURM_SUBMIT_HOST)
+        echo "$CTL_ADDR $CTL_NAME $(hostname -s)"
         local n
         for n in "${NODES[@]}"; do echo "$(node_addr "$n") $n"; done
     } >"$STATE/hosts"
+    # No name server is reachable from the node namespaces: a resolver that tries one blocks
+    # for its timeouts (torch's TCPStore looks up its own socket's name: 10 s, then it gives
+    # up). With none listed, glibc asks 127.0.0.1:53, refused at once.
+    echo "options timeout:1 attempts:1" >"$STATE/resolv.conf"
 
     local nodelines="" n
     for n in "${NODES[@]}"; do
-        nodelines+="NodeName=$n NodeAddr=$(node_addr "$n") NodeHostname=$n CPUs=2 RealMemory=1000 State=UNKNOWN"$'\n'
+        nodelines+="NodeName=$n NodeAddr=$(node_addr "$n") NodeHostname=$n CPUs=8 RealMemory=1000 State=UNKNOWN"$'\n'
     done
     cat >"$CONF" <<EOF
 # Generated by tests/slurm/cluster.sh -- test cluster, do not edit.
@@ -317,7 +401,7 @@ SlurmdLogFile=$LOG/slurmd-%n.log
 SlurmctldDebug=info
 SlurmdDebug=info
 SlurmdParameters=config_overrides
-ProctrackType=proctrack/linuxproc
+ProctrackType=proctrack/$PROCTRACK
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/linux
 MpiDefault=none
@@ -335,7 +419,17 @@ AccountingStorageHost=$CTL_ADDR
 AccountingStoragePort=$DBD_PORT
 AccountingStoragePass=$MUNGE_SOCK
 JobCompType=jobcomp/none
+MailProg=/bin/true
 ${nodelines}PartitionName=debug Nodes=$(IFS=,; echo "${NODES[*]}") Default=YES MaxTime=INFINITE State=UP
+EOF
+
+    cat >"$STATE/etc/cgroup.conf" <<EOF
+CgroupPlugin=cgroup/v1
+CgroupAutomount=no
+CgroupMountpoint=/sys/fs/cgroup
+ConstrainCores=no
+ConstrainRAMSpace=no
+ConstrainDevices=no
 EOF
 
     (umask 077; cat >"$DBD_CONF" <<EOF
@@ -367,7 +461,7 @@ start_munge() {
         --pid-file="$RUN/munged.pid" --log-file="$LOG/munged.log" \
         --seed-file="$STATE/munge/munged.seed" </dev/null >>"$LOG/munged.log" 2>&1 ||
         fail "munged did not start" "$LOG/munged.log"
-    wait_for 10 munged "$LOG/munged.log" \
+    wait_for 10 munged "$RUN/munged.pid" "$LOG/munged.log" \
         sh -c "munge -n -S '$MUNGE_SOCK' | unmunge -S '$MUNGE_SOCK'"
 }
 
@@ -391,7 +485,7 @@ start_mariadb() {
 }
 
 wait_mariadb() {
-    wait_for 30 mariadbd "$LOG/mysqld.log" \
+    wait_for 30 mariadbd "$MYSQL_DIR/mysqld.pid" "$LOG/mysqld.log" \
         mariadb --no-defaults -S "$MYSQL_SOCK" -u root -e 'SELECT 1'
     ln -sf "$MYSQL_DIR/mysqld.pid" "$RUN/mysqld.pid"
 }
@@ -401,7 +495,7 @@ start_slurmdbd() {
         "hostname $CTL_NAME && exec slurmdbd" \
         </dev/null >>"$LOG/slurmdbd.log" 2>&1 ||
         fail "slurmdbd did not start" "$LOG/slurmdbd.log"
-    wait_for 60 slurmdbd "$LOG/slurmdbd.log" sacctmgr -n list cluster
+    wait_for 60 slurmdbd "$RUN/slurmdbd.pid" "$LOG/slurmdbd.log" sacctmgr -n list cluster
     sacctmgr -i -Q add cluster "$CLUSTER" >/dev/null ||
         fail "sacctmgr add cluster failed" "$LOG/slurmdbd.log"
 }
@@ -410,7 +504,7 @@ start_slurmctld() {
     unshare --uts sh -c "hostname $CTL_NAME && exec slurmctld" \
         </dev/null >>"$LOG/slurmctld.log" 2>&1 ||
         fail "slurmctld did not start" "$LOG/slurmctld.log"
-    wait_for 30 slurmctld "$LOG/slurmctld.log" \
+    wait_for 30 slurmctld "$RUN/slurmctld.pid" "$LOG/slurmctld.log" \
         sh -c "scontrol ping | grep -q UP"
 }
 
@@ -432,13 +526,25 @@ setup_network() {
     done
 }
 
+node_cgroup() { echo "/sys/fs/cgroup/freezer/fslurm-$1"; }
+
 start_slurmd() {  # NODE
-    local n=$1
+    local n=$1 cg_enter="" cg_mount=""
     mkdir -p "$STATE/spool/$n"
     chmod 755 "$STATE/spool/$n"
-    nsenter --net="/run/netns/$(node_netns "$n")" \
-        unshare --uts --mount --propagation private sh -c \
-        "hostname $n && mount --bind '$STATE/hosts' /etc/hosts && exec slurmd -N $n" \
+    if [[ $PROCTRACK == cgroup ]]; then
+        # Each slurmd gets a freezer cgroup of its own (fslurm-fnodeN) as
+        # the root of its cgroup namespace, with the freezer hierarchy
+        # remounted inside its mount namespace: the two slurmds (and their
+        # slurm_fnodeN/uid_0/job_N/step_M trees) cannot see each other, and
+        # `down` removes one directory tree per node.
+        mkdir -p "$(node_cgroup "$n")"
+        cg_enter="echo \$\$ > '$(node_cgroup "$n")/cgroup.procs' && exec"
+        cg_mount="umount /sys/fs/cgroup/freezer && mount -t cgroup -o freezer fslurm-freezer /sys/fs/cgroup/freezer &&"
+    fi
+    sh -c "$cg_enter nsenter --net='/run/netns/$(node_netns "$n")' \
+        unshare --uts --mount --cgroup --propagation private sh -c \
+        \"hostname $n && mount --bind '$STATE/hosts' /etc/hosts && mount --bind '$STATE/resolv.conf' /etc/resolv.conf && $cg_mount exec slurmd -N $n\"" \
         </dev/null >>"$LOG/slurmd-$n.log" 2>&1 ||
         fail "slurmd on $n did not start" "$LOG/slurmd-$n.log"
 }
@@ -489,8 +595,27 @@ cmd_up() {
     say "clients: eval \"\$($0 env)\""
 }
 
+cluster_healthy() {  # daemons alive, config as asked, nodes responding
+    local p n out
+    for p in "munged:$RUN/munged.pid" "mariadbd:$MYSQL_DIR/mysqld.pid" \
+             "slurmdbd:$RUN/slurmdbd.pid" "slurmctld:$RUN/slurmctld.pid"; do
+        pidfile_pid "${p#*:}" "${p%%:*}" >/dev/null || return 1
+    done
+    for n in "${NODES[@]}"; do
+        pidfile_pid "$RUN/slurmd-$n.pid" slurmd >/dev/null || return 1
+    done
+    grep -qx "ProctrackType=proctrack/$PROCTRACK" "$CONF" 2>/dev/null || return 1
+    out=$(timeout 10 sinfo -h -N -o '%N %t' 2>/dev/null) || return 1
+    for n in "${NODES[@]}"; do
+        # busy is fine (other tests' jobs); down/drained/unknown is not
+        grep -Eqx "$n (idle|mix|alloc|comp)" <<<"$out" || return 1
+    done
+}
+
 cmd_ensure() {
-    if cmd_status >/dev/null 2>&1; then
+    # Never restarts a healthy cluster, even a busy one: parallel test
+    # workers may be running jobs on it.
+    if cluster_healthy; then
         say "already up"
     else
         cmd_up
@@ -501,26 +626,37 @@ cmd_down() {
     need_root
     local quiet=${1:-}
     local n
-    # Nodes first: slurmd, slurmstepd and every job task live in the netns.
-    for n in "${NODES[@]}"; do
-        stop_pidfile "slurmd@$n" "$RUN/slurmd-$n.pid" slurmd
-        kill_netns_procs "$(node_netns "$n")"
-    done
-    stop_pidfile slurmctld "$RUN/slurmctld.pid" slurmctld
-    stop_pidfile slurmdbd "$RUN/slurmdbd.pid" slurmdbd
-    stop_pidfile mariadbd "$MYSQL_DIR/mysqld.pid" mariadbd
-    stop_pidfile munged "$RUN/munged.pid" munged
+    # The slurm daemons first, then whatever is left in the node netns
+    # (slurmstepd, job tasks), then the database and munged they used.
+    # (slurmd with a job still completing can sit on SIGTERM: 3 s is enough.)
+    stop_pidfiles 3 "slurmd:$RUN/slurmd-${NODES[0]}.pid" "slurmd:$RUN/slurmd-${NODES[1]}.pid" \
+        "slurmctld:$RUN/slurmctld.pid" "slurmdbd:$RUN/slurmdbd.pid"
+    for n in "${NODES[@]}"; do kill_netns_procs "$(node_netns "$n")"; done
+    stop_pidfiles 15 "mariadbd:$MYSQL_DIR/mysqld.pid" "munged:$RUN/munged.pid"
     sweep_leftovers
+    wait_reaped
     for n in "${NODES[@]}"; do
         ip netns del "$(node_netns "$n")" 2>/dev/null || true
         ip link del "$(node_veth "$n")" 2>/dev/null || true
     done
     ip link del "$BRIDGE" 2>/dev/null || true
+    for n in "${NODES[@]}"; do
+        if [[ -d $(node_cgroup "$n") ]]; then
+            find "$(node_cgroup "$n")" -depth -type d -exec rmdir {} + 2>/dev/null || true
+        fi
+    done
     # Keep the logs for a post-mortem; `up` starts from an empty $STATE.
     if [[ -d $STATE ]]; then
         find "$STATE" -mindepth 1 -maxdepth 1 ! -name log -exec rm -rf {} +
     fi
     [[ -n $quiet ]] || say "down (logs kept in $LOG)"
+}
+
+cmd_healthy() {  # up and usable, busy or not (what the tests ask before submitting)
+    if [[ -f $CONF ]]; then
+        PROCTRACK=$(sed -n 's/^ProctrackType=proctrack\///p' "$CONF")
+    fi
+    cluster_healthy
 }
 
 cmd_status() {
@@ -572,7 +708,7 @@ cmd_heal() {
 cmd_logs() {
     local f
     for f in "$LOG"/*"${1:-}"*.log; do
-        [[ -e $f ]] && show_log "$f" "$f"
+        if [[ -e $f ]]; then show_log "$f" "$f"; fi
     done
 }
 
@@ -580,17 +716,28 @@ main() {
     local sub=${1:-}
     [[ $# -gt 0 ]] && shift
     case $sub in
+        install | up | ensure | down)
+            # One at a time (parallel test workers may all call `ensure`).
+            # flock -o: the lock fd is not inherited by the daemons we start.
+            if [[ -z ${FSLURM_LOCKED:-} ]]; then
+                need_root
+                FSLURM_LOCKED=1 exec flock -o "$LOCKFILE" bash "$0" "$sub" "$@"
+            fi
+            ;;
+    esac
+    case $sub in
         install) cmd_install ;;
         up) cmd_up ;;
         ensure) cmd_ensure ;;
         down) cmd_down ;;
         status) cmd_status ;;
+        healthy) cmd_healthy ;;
         env) cmd_env ;;
         exec) cmd_exec "$@" ;;
         cut) cmd_cut "$@" ;;
         heal) cmd_heal "$@" ;;
         logs) cmd_logs "$@" ;;
-        *) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+        *) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
     esac
 }
 

@@ -1,0 +1,197 @@
+"""Jobs on the real SLURM test cluster (tests/slurm/cluster.sh): submit, wait, read.
+
+Every job of tests/test_slurm_cluster.py is submitted at once, by whichever xdist worker asks
+first (a file lock in the directory every worker shares): the cluster runs them side by side
+(each takes one CPU on each of the two nodes), so the slowest, a time limit that slurmctld
+enforces 60-90 s late, sets the wall time of all of them. Each test then waits for its own job,
+acts on it (scancel, a SIGKILL, a network cut) and reads what every node wrote.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import cli_env, rank_script
+
+CLUSTER = Path(__file__).parent / "slurm" / "cluster.sh"
+REQUIRE = "FORGELM_TUI_REQUIRE_SLURM"
+TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
+            "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    target: list[str]  # forgelm-tui's own options and the rank command (or `demo ...`)
+    sbatch: list[str] = field(default_factory=list)
+
+
+def scenarios(marks: Callable[[str], Path]) -> list[Scenario]:
+    """The jobs, each 2 nodes x 2 gloo ranks (one forgelm-tui per node, as srun runs it)."""
+    demo = ["demo", "--step-time", "0.2"]
+    loop = [rank_script("gloo_loop.py")]
+    return [
+        Scenario("approval", [*demo, "--steps", "3", "--exit-code", "4"]),
+        Scenario("failure", [*demo, "--steps", "400", "--fail-rank", "3", "--fail-step", "3"]),
+        Scenario("scancel", [*demo, "--steps", "100000", "--cleanup-seconds", "3"]),
+        Scenario("time_limit_demo", [*demo, "--steps", "100000", "--cleanup-seconds", "3"],
+                 ["--time=1"]),
+        Scenario("time_limit_runner",
+                 ["--graceful", rank_script("term_burst.py"), str(marks("time_limit_runner")),
+                  "3", "-", "--runner", "--gloo"], ["--time=1", "--signal=USR1@50"]),
+        Scenario("sigkill_node", ["--node-timeout", "5", *loop,
+                                  str(marks("sigkill_node"))]),
+        Scenario("network_cut", ["--node-timeout", "5", "--grace", "3", *loop,
+                                 str(marks("network_cut"))]),
+    ]
+
+
+def cluster_env() -> dict[str, str]:
+    """The exports a SLURM client needs (``cluster.sh env``), on top of the CLI's env."""
+    done = subprocess.run(["bash", str(CLUSTER), "env"], capture_output=True, text=True,
+                          timeout=30, check=True)
+    env = cli_env()
+    for line in done.stdout.splitlines():
+        words = shlex.split(line)
+        if words[:1] == ["export"]:
+            for word in words[1:]:
+                key, _, value = word.partition("=")
+                env[key] = value
+    return env
+
+
+def unavailable() -> str | None:
+    """Why the real-SLURM tests cannot run here, or None."""
+    if os.geteuid() != 0:
+        return "needs root: the SLURM test cluster runs daemons in network namespaces"
+    if subprocess.run(["bash", str(CLUSTER), "healthy"], capture_output=True,
+                      timeout=60).returncode != 0:
+        return ("the SLURM test cluster is not up (as root: bash tests/slurm/cluster.sh up; "
+                ".ci/run does it)")
+    return None
+
+
+def skip_or_fail() -> None:
+    why = unavailable()
+    if why is None:
+        return
+    if os.environ.get(REQUIRE) == "1":
+        pytest.fail(f"{REQUIRE}=1 but the SLURM tests cannot run: {why}", pytrace=False)
+    pytest.skip(why)
+
+
+@contextmanager
+def locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@dataclass
+class Job:
+    name: str
+    job_id: str
+    root: Path  # the job's own directory: run/ (node-N/), marks/, slurm.out
+    env: dict[str, str]
+
+    @property
+    def marks(self) -> Path:
+        return self.root / "marks"
+
+    def node_dir(self, node: int) -> Path:
+        return self.root / "run" / f"node-{node}"
+
+    def envelope(self, node: int) -> dict[str, Any]:
+        return json.loads((self.node_dir(node) / "envelope.json").read_text())
+
+    def log(self, node: int, rank: int) -> str:
+        path = self.node_dir(node) / f"rank-{rank}.stdout.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def slurm_out(self) -> str:
+        path = self.root / "slurm.out"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def sacct(self) -> dict[str, tuple[str, str]]:
+        """JobID -> (State, ExitCode) for the job and its steps, as accounting has them."""
+        done = subprocess.run(["sacct", "-j", self.job_id, "-n", "-P", "-o",
+                               "JobID,State,ExitCode"], capture_output=True, text=True,
+                              env=self.env, timeout=30, check=False)
+        rows = {}
+        for line in done.stdout.splitlines():
+            parts = line.split("|")
+            if len(parts) == 3:
+                rows[parts[0]] = (parts[1].split()[0], parts[2])
+        return rows
+
+    def queued(self) -> bool:
+        """Still in slurmctld's queue (running or completing)."""
+        done = subprocess.run(["squeue", "-h", "-j", self.job_id, "-o", "%T"],
+                              capture_output=True, text=True, env=self.env, timeout=30,
+                              check=False)
+        return done.returncode == 0 and bool(done.stdout.strip())
+
+    def wait_end(self, timeout: float) -> tuple[str, str]:
+        """The job's final (State, ExitCode) in accounting; fails past ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            # out of the queue first: accounting names a cancelled job's state at the scancel,
+            # while its steps (forgelm-tui in its grace) still run
+            if not self.queued():
+                rows = self.sacct()
+                if self.job_id in rows and all(s in TERMINAL for s, _ in rows.values()):
+                    return rows[self.job_id]
+            time.sleep(0.5)
+        pytest.fail(f"job {self.name} ({self.job_id}) did not end in {timeout:g} s: "
+                    f"{self.sacct()}\n{self.slurm_out()[-3000:]}", pytrace=False)
+
+    def scancel(self, *args: str) -> None:
+        subprocess.run(["scancel", *args, self.job_id], env=self.env, timeout=30, check=True)
+
+
+def submit(scenario: Scenario, root: Path, env: dict[str, str]) -> Job:
+    job_dir = root / scenario.name
+    (job_dir / "marks").mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "forgelm_tui", "--no-tui", "--run-dir",
+               str(job_dir / "run"), "--nproc-per-node", "2", "--join-timeout", "60",
+               *scenario.target]
+    # The batch shell ignores SLURM's SIGTERM: dying of it, it would take srun with it, and the
+    # step would be SIGKILLed a few seconds later instead of KillWait (docs/schedulers.md).
+    wrap = "trap '' TERM; srun --ntasks-per-node=1 " + shlex.join(command)
+    done = subprocess.run(
+        ["sbatch", "--parsable", "-N2", "--ntasks-per-node=1", "--cpus-per-task=1",
+         f"--job-name=ftui-{scenario.name}", f"--output={job_dir / 'slurm.out'}",
+         f"--chdir={job_dir}", *scenario.sbatch, f"--wrap={wrap}"],
+        capture_output=True, text=True, env=env, timeout=60, check=False)
+    if done.returncode != 0:
+        pytest.fail(f"sbatch {scenario.name}: {done.stderr.strip()}", pytrace=False)
+    return Job(scenario.name, done.stdout.strip().split(";")[0], job_dir, env)
+
+
+def submit_all(root: Path) -> dict[str, Job]:
+    """Every scenario's job, submitted once per test session (the first worker to ask)."""
+    record = root / "jobs.json"
+    with locked(root / "jobs.lock"):
+        env = cluster_env()
+        if record.exists():
+            known = json.loads(record.read_text())
+            return {name: Job(name, job_id, root / name, env) for name, job_id in known.items()}
+        jobs = {s.name: submit(s, root, env) for s in scenarios(lambda n: root / n / "marks")}
+        record.write_text(json.dumps({name: job.job_id for name, job in jobs.items()}))
+        return jobs

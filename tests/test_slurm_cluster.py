@@ -1,0 +1,177 @@
+"""forgelm-tui under a real SLURM 22.05 (Debian's slurm-wlm): two compute nodes in network
+namespaces (tests/slurm/cluster.sh), `sbatch` + `srun --ntasks-per-node=1`, 2 nodes x 2 gloo
+ranks, KillWait 10 s. Needs root and the cluster up (.ci/run brings it up and sets
+FORGELM_TUI_REQUIRE_SLURM=1, which turns the skip into a failure); `-m slurm` selects them.
+
+The jobs are submitted together (tests/slurm_jobs.py) and run side by side; these tests are
+moved to the front of the session (conftest.py) so the slowest, a time limit slurmctld
+enforces 60-90 s late, runs while the rest of the suite does.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from datetime import datetime
+from typing import Any
+
+import pytest
+from conftest import wait_for
+from slurm_jobs import CLUSTER, Job, skip_or_fail, submit_all
+
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(300)]
+
+
+@pytest.fixture(scope="session")
+def slurm_jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Job]:
+    skip_or_fail()
+    return submit_all(tmp_path_factory.getbasetemp().parent / "slurm-jobs")
+
+
+def _at(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def every_node(job: Job) -> list[dict[str, Any]]:
+    """Both nodes' final envelopes: on disk, final, the same verdict."""
+    envelopes = [job.envelope(0), job.envelope(1)]
+    for envelope in envelopes:
+        assert envelope["provisional"] is False, envelope["node_rank"]
+    assert envelopes[0]["exit_code"] == envelopes[1]["exit_code"]
+    assert envelopes[0]["decided_by"] == envelopes[1]["decided_by"]
+    return envelopes
+
+
+def cleanups_finished(job: Job) -> None:
+    for node, ranks in ((0, (0, 1)), (1, (2, 3))):
+        for rank in ranks:
+            assert f"rank {rank}: cleanup finished" in job.log(node, rank), (node, rank)
+
+
+def one_stop_request(envelope: dict[str, Any]) -> None:
+    """The burst merged: one request began the stop on each node, nothing escalated."""
+    requests = envelope["cancel_requests"]
+    assert requests, envelope["cancel_requests"]
+    assert [r["effect"] for r in requests].count("kill") == 0, requests
+    for node in (0, 1):
+        mine = [r for r in requests if r["node_rank"] == node]
+        assert all(r["effect"] == "merged" for r in mine[1:]), mine
+        assert all((r["sender"] or {}).get("kind") == "scheduler" for r in mine), mine
+    for rank in envelope["ranks"]:
+        assert "SIGKILL" not in [s["signal"] for s in rank["signals_sent"]], rank["rank"]
+
+
+def supervisor_pid(job: Job, rank: int) -> int:
+    """The forgelm-tui whose rank wrote its ready mark: that rank's parent."""
+    pid = int((job.marks / f"ready-{rank}").read_text().split()[0])
+    with open(f"/proc/{pid}/status") as status:
+        return int(next(line for line in status if line.startswith("PPid:")).split()[1])
+
+
+def ready(job: Job, ranks: int = 4, timeout: float = 120) -> None:
+    wait_for(lambda: all((job.marks / f"ready-{r}").exists() for r in range(ranks)), timeout,
+             f"job {job.name}: every rank ready")
+
+
+def training(job: Job, timeout: float = 120) -> None:
+    wait_for(lambda: "step 3/" in job.log(1, 3), timeout, f"job {job.name}: rank 3 training")
+
+
+def test_awaiting_approval_is_4_on_every_node_and_in_sacct(slurm_jobs: dict[str, Job]) -> None:
+    job = slurm_jobs["approval"]
+    _, code = job.wait_end(240)
+    assert code == "4:0", job.sacct()
+    for envelope in every_node(job):
+        assert envelope["exit_code"] == 4 and envelope["exit_name"] == "EXIT_AWAITING_APPROVAL"
+        assert envelope["nnodes"] == 2 and envelope["world_size"] == 4
+    assert {n["host"] for n in job.envelope(0)["nodes"]} == {"fnode1", "fnode2"}
+
+
+def test_a_remote_rank_failure_is_2_naming_it(slurm_jobs: dict[str, Job]) -> None:
+    job = slurm_jobs["failure"]
+    _, code = job.wait_end(240)
+    assert code == "2:0", job.sacct()
+    for envelope in every_node(job):
+        assert envelope["exit_code"] == 2 and envelope["root_cause_rank"] == 3
+        assert envelope["stop"]["kind"] == "failure" and envelope["stop"]["origin_node"] == 1
+
+
+def test_scancel_is_one_graceful_stop_every_cleanup_finished(
+        slurm_jobs: dict[str, Job]) -> None:
+    job = slurm_jobs["scancel"]
+    training(job)
+    job.scancel()
+    state, _ = job.wait_end(120)
+    assert state == "CANCELLED", job.sacct()
+    for envelope in every_node(job):
+        assert envelope["exit_code"] == 2 and envelope["decided_by"]["rule"] == 4
+        one_stop_request(envelope)
+        assert envelope["stop"]["scheduler"]["kind"] == "scancel", envelope["stop"]
+        assert envelope["settings"]["kill_window_s"] == 10  # KillWait, from scontrol
+        assert envelope["settings"]["grace_s"] == 5
+    cleanups_finished(job)
+
+
+@pytest.mark.parametrize("name", ["time_limit_demo", "time_limit_runner"])
+def test_a_time_limit_is_one_graceful_stop_every_cleanup_finished(
+        slurm_jobs: dict[str, Job], name: str) -> None:
+    """slurmstepd at the limit: SIGTERM, SIGCONT, SIGTERM to every process of the step, then
+    SIGKILL KillWait (10 s) later. The demo's ranks (forgelm_tui.rank's stop agreement) and a
+    ForgeLM-style rank under the graceful runner (cleanup in ``except Exception``) alike."""
+    job = slurm_jobs[name]
+    state, code = job.wait_end(240)
+    # TIMEOUT, or FAILED 2 when the batch script (which ignores SIGTERM) ended with srun's 2
+    # before the scheduler's SIGKILL
+    assert state == "TIMEOUT" or (state, code) == ("FAILED", "2:0"), job.sacct()
+    for envelope in every_node(job):
+        assert envelope["exit_code"] == 2 and envelope["decided_by"]["rule"] == 4
+        one_stop_request(envelope)
+        scheduler = envelope["stop"]["scheduler"]
+        assert scheduler["kind"] == "time_limit", envelope["stop"]
+        assert _at(envelope["ended_at"]) - _at(envelope["stop"]["at"]) < 10  # before SIGKILL
+    if name == "time_limit_demo":
+        cleanups_finished(job)
+        return
+    for rank in range(4):
+        assert (job.marks / f"cleanup-{rank}").read_text() == "done", rank
+        # --signal=USR1@50, once per rank: forwarded by forgelm-tui under proctrack/cgroup
+        # (slurmstepd signals only the task), recorded only under linuxproc (it signals all)
+        assert len((job.marks / f"usr1-{rank}").read_text().splitlines()) == 1, rank
+    forwarded = job.envelope(0)["forwarded_signals"]
+    assert {f["node_rank"] for f in forwarded} == {0, 1}, forwarded
+    for entry in forwarded:
+        assert entry["signal"] == "SIGUSR1" and entry["sender"]["kind"] == "scheduler", entry
+
+
+def test_a_sigkilled_node_is_named_as_the_cause(slurm_jobs: dict[str, Job]) -> None:
+    job = slurm_jobs["sigkill_node"]
+    ready(job)
+    os.kill(supervisor_pid(job, 2), 9)
+    wait_for(lambda: (job.node_dir(0) / "envelope.json").exists()
+             and job.envelope(0)["provisional"] is False, 60, "node 0's final envelope")
+    envelope = job.envelope(0)
+    assert envelope["exit_code"] == 2
+    assert envelope["decided_by"]["node"] == 1, envelope["decided_by"]
+    assert "root cause: node 1 was lost" in envelope["decided_by"]["explanation"]
+    assert envelope["agreement"]["nodes_lost"] == [1]
+    job.wait_end(120)
+
+
+def test_a_node_cut_off_the_network_ends_the_other_within_node_timeout_and_grace(
+        slurm_jobs: dict[str, Job]) -> None:
+    job = slurm_jobs["network_cut"]
+    ready(job)
+    cut = time.time()
+    subprocess.run(["bash", str(CLUSTER), "cut", "fnode2"], check=True, timeout=30)
+    try:
+        wait_for(lambda: (job.node_dir(0) / "envelope.json").exists()
+                 and job.envelope(0)["provisional"] is False, 60, "node 0's final envelope")
+    finally:
+        subprocess.run(["bash", str(CLUSTER), "heal", "fnode2"], check=True, timeout=30)
+    envelope = job.envelope(0)
+    assert envelope["exit_code"] == 2 and envelope["agreement"]["nodes_lost"] == [1]
+    assert envelope["stop"]["kind"] == "node_lost" and envelope["stop"]["lost_node"] == 1
+    took = _at(envelope["ended_at"]) - cut
+    assert took < 5 + 3 + 5, f"node 0 ended {took:.1f} s after the cut (node timeout 5, grace 3)"
+    job.wait_end(180)
