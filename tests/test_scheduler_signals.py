@@ -148,3 +148,21 @@ def test_a_second_sigint_from_another_process_still_kills_at_once(tmp_path: Path
     assert [r["effect"] for r in requests] == ["stop", "kill"]
     assert requests[0]["sender"]["kind"] == "scheduler"
     assert requests[1]["sender"]["kind"] == "process"
+
+
+def test_the_schedulers_early_sigusr1_waits_for_each_ranks_handler(tmp_path: Path,
+                                                                   marks: Path) -> None:
+    """``--signal=USR1@N`` may come up to 60 s early, while the ranks start: a rank that installs
+    its handler late (Lightning at ``fit``) gets it once it has one, instead of dying of it."""
+    run = start(["--nproc-per-node", "2", rank_script("term_burst.py"), str(marks), "0.1", "-",
+                 "--usr1-late", "1.5"], tmp_path, env=scheduler_env(tmp_path, "cgroup"))
+    ready(marks, 2)
+    os.kill(run.proc.pid, signal.SIGUSR1)
+    wait_for(lambda: all((marks / f"usr1-{r}").exists() for r in range(2)), 20,
+             "each rank to get SIGUSR1 once it handles it")
+    run.signal(signal.SIGTERM)
+    assert run.wait(30) == 2
+    envelope = run.envelope()
+    assert all(r["signal"] is None and r["exit_code"] == 2 for r in envelope["ranks"])
+    (forwarded,) = envelope["forwarded_signals"]
+    assert forwarded["ranks"] == [0, 1] and forwarded["held_since"] is not None, forwarded

@@ -58,8 +58,9 @@ def one_stop_request(envelope: dict[str, Any]) -> None:
         mine = [r for r in requests if r["node_rank"] == node]
         assert all(r["effect"] == "merged" for r in mine[1:]), mine
         assert all((r["sender"] or {}).get("kind") == "scheduler" for r in mine), mine
-    for rank in envelope["ranks"]:
-        assert "SIGKILL" not in [s["signal"] for s in rank["signals_sent"]], rank["rank"]
+    for rank in envelope["ranks"]:  # (the grace's own SIGKILL may end a slow exit)
+        assert not any(s["purpose"] == "kill" and "second cancel" in s["reason"]
+                       for s in rank["signals_sent"]), rank["signals_sent"]
 
 
 def supervisor_pid(job: Job, rank: int) -> int:
@@ -116,11 +117,12 @@ def test_scancel_is_one_graceful_stop_every_cleanup_finished(
 @pytest.mark.parametrize("name", ["time_limit_demo", "time_limit_runner"])
 def test_a_time_limit_is_one_graceful_stop_every_cleanup_finished(
         slurm_jobs: dict[str, Job], name: str) -> None:
-    """slurmstepd at the limit: SIGTERM, SIGCONT, SIGTERM to every process of the step, then
-    SIGKILL KillWait (10 s) later. The demo's ranks (forgelm_tui.rank's stop agreement) and a
-    ForgeLM-style rank under the graceful runner (cleanup in ``except Exception``) alike."""
+    """slurmstepd at the limit: SIGTERM, SIGCONT, SIGTERM to the step's tasks (every process of
+    the step under proctrack/linuxproc), then SIGKILL KillWait (10 s) later. The demo's ranks
+    (forgelm_tui.rank's stop agreement) and a ForgeLM-style rank under the graceful runner
+    (cleanup in ``except Exception``) alike."""
     job = slurm_jobs[name]
-    state, code = job.wait_end(240)
+    state, code = job.wait_end(280)
     # TIMEOUT, or FAILED 2 when the batch script (which ignores SIGTERM) ended with srun's 2
     # before the scheduler's SIGKILL
     assert state == "TIMEOUT" or (state, code) == ("FAILED", "2:0"), job.sacct()
@@ -162,6 +164,10 @@ def test_a_node_cut_off_the_network_ends_the_other_within_node_timeout_and_grace
         slurm_jobs: dict[str, Job]) -> None:
     job = slurm_jobs["network_cut"]
     ready(job)
+    others = [j for j in slurm_jobs.values() if j is not job]
+    # a cut of fnode2 cuts every job on it: the others end first (the slowest, a time limit,
+    # some 90 s after the submission)
+    wait_for(lambda: not any(j.queued() for j in others), 240, "every other job to end")
     cut = time.time()
     subprocess.run(["bash", str(CLUSTER), "cut", "fnode2"], check=True, timeout=30)
     try:

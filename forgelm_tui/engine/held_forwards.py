@@ -1,11 +1,15 @@
-"""Signals to forward that came before the ranks could take them (issue 20, point 4).
+"""Signals to forward, and those that came before the ranks could take them (issue 20).
 
-A scheduler's early warning (``sbatch --signal=USR1@N``) can fire while the nodes are still
-joining, before any rank exists: forwarded then it reached no one and was lost. It is held, and
-given to each rank once that rank has a handler for it (its ``SigCgt``/``SigIgn`` in /proc, read
-by the sampler every tick): passed on at the rank's start, it would kill a program that had not
-yet installed its handler (the default action of SIGUSR1 is to terminate). A rank that never
-installs one never gets it; the envelope says which ranks it reached and since when it was held.
+A scheduler's early warning (``sbatch --signal=USR1@N``, which SLURM may send up to 60 s
+early) can fire while the nodes are still joining, before any rank exists, or while the ranks
+are starting and have not installed their handler yet (Lightning's comes with ``fit``, minutes
+after the start): passed on then it would kill them (the default action of SIGUSR1 is to
+terminate). So a signal from the scheduler (or from outside the PID namespace) is given to each
+rank once that rank has a handler for it (its ``SigCgt``/``SigIgn`` in /proc: read at once, then
+by the sampler every tick), and held for the others; before any rank exists it is held for all.
+A rank that never installs one never gets it; the envelope says which ranks it reached and since
+when it was held. A forward from anyone else (an operator's key, a viewer, a script's kill) goes
+to every live rank at once, as always: a rank with no handler dies of it (a forwarded death).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from dataclasses import dataclass, field, replace
 
 from forgelm_tui.engine.events import Purpose
 from forgelm_tui.engine.records import ForwardRequest, RankRecord
+from forgelm_tui.engine.sampler import signal_masks
 from forgelm_tui.signames import handles, signal_name
 
 # the supervisor's: signal these ranks, for this purpose and reason; who got it
@@ -40,6 +45,29 @@ class HeldForwards:
 
     def hold(self, request: ForwardRequest) -> None:
         self._held.append(_Held(request))
+
+    def forward(self, request: ForwardRequest, launched: bool, live: Sequence[RankRecord],
+                signal_ranks: SignalRanks, reaches_ranks: bool) -> ForwardRequest | None:
+        """Pass ``request`` on (Supervisor.forward): the request as done, or None while it is
+        held for some rank. ``reaches_ranks``: the scheduler's own signals reach the ranks
+        (proctrack/linuxproc): one it sent is recorded, not sent again."""
+        scheduler = request.sender is not None and request.sender.never_escalates
+        if not launched:
+            self.hold(request)
+            return None
+        sig, reason = request.signal, f"{signal_name(request.signal)} forwarded from the supervisor"
+        if scheduler and reaches_ranks:
+            return replace(request, ranks=tuple(r.rank for r in live), by_scheduler=True)
+        if not scheduler:
+            sent = signal_ranks(live, sig, Purpose.FORWARD, reason)
+            return replace(request, at=self._clock(), ranks=tuple(r.rank for r in sent))
+        ready = [r for r in live if r.pid is not None and handles(*signal_masks(r.pid), sig)]
+        sent = signal_ranks(ready, sig, Purpose.FORWARD, reason)
+        waiting = {r.rank for r in live} - {r.rank for r in sent}
+        if not waiting:
+            return replace(request, at=self._clock(), ranks=tuple(r.rank for r in sent))
+        self._held.append(_Held(request, waiting, [r.rank for r in sent], released=True))
+        return None
 
     def release(self, ranks: Iterable[int]) -> None:
         """The ranks have started: each held signal now waits for these ranks' handlers."""

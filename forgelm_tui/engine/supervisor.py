@@ -12,7 +12,6 @@ import os
 import signal
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import replace
 
 from forgelm_tui.channel import CHANNEL_ENV, STACKS_ENV, STACKS_SIGNAL, Message
 from forgelm_tui.engine import events as ev
@@ -37,7 +36,7 @@ from forgelm_tui.engine.records import (
     rank_record,
 )
 from forgelm_tui.engine.sampler import GpuFold, Sample, SamplingLoop, apply_sample
-from forgelm_tui.engine.signal_inbox import Sender, SenderKind
+from forgelm_tui.engine.signal_inbox import Sender
 from forgelm_tui.engine.spawn import pipe_capacity
 from forgelm_tui.engine.spec import LaunchSpec, rank_env
 from forgelm_tui.engine.stacks import StackCapture, find_py_spy
@@ -272,19 +271,14 @@ class Supervisor:
 
     def forward(self, sig: int, origin: str | None = None,
                 source: CancelSource = CancelSource.SIGNAL, sender: Sender | None = None) -> None:
-        """A signal to every live rank's main process, nothing stopped: held before they start;
-        recorded only when the scheduler sent it and reaches the ranks itself (spec.py)."""
+        """A signal to every live rank's main process, nothing stopped; the scheduler's is held
+        for ranks without a handler yet, or only recorded if it reached them (held_forwards)."""
         origin = origin or f"{signal_name(sig)} to the supervisor"
         request = ForwardRequest(source, origin, sig, time.time(), (), sender=sender)
-        if not self._launched:
-            return self._held.hold(request)
-        live = self._policy.live()
-        if self.spec.scheduler_reaches_ranks and sender and sender.kind == SenderKind.SCHEDULER:
-            return self._forwarded(replace(request, ranks=tuple(r.rank for r in live),
-                                           by_scheduler=True))
-        sent = self.signal_ranks(live, sig, Purpose.FORWARD,
-                                 f"{signal_name(sig)} forwarded from the supervisor")
-        self._forwarded(replace(request, at=time.time(), ranks=tuple(r.rank for r in sent)))
+        done = self._held.forward(request, self._launched, self._policy.live(), self.signal_ranks,
+                                  self.spec.scheduler_reaches_ranks)
+        if done is not None:
+            self._forwarded(done)
 
     def _forwarded(self, request: ForwardRequest) -> None:
         self.forwards.append(request)

@@ -7,7 +7,9 @@ with --runner the graceful runner's is used instead. A rank in NO_HANDLER has no
 it dies of the first. With --gloo it joins a gloo group first and all-reduces every 0.2 s (a
 job across real nodes); the cleanup uses no collective.
 
-argv: MARKS SECONDS NO_HANDLER (comma-separated ranks, or -) [--runner] [--gloo]
+argv: MARKS SECONDS NO_HANDLER (comma-separated ranks, or -) [--runner] [--gloo] [--usr1-late S]
+(--usr1-late: its SIGUSR1 handler comes S seconds after the ready mark, as a program that
+installs it late, Lightning at ``fit``)
 """
 
 import os
@@ -47,12 +49,17 @@ if "--gloo" in sys.argv:
     def reduce():
         dist.all_reduce(value)
 
-signal.signal(signal.SIGUSR1, on_usr1)
+late = float(sys.argv[sys.argv.index("--usr1-late") + 1]) if "--usr1-late" in sys.argv else 0.0
+if not late:
+    signal.signal(signal.SIGUSR1, on_usr1)
 with open("/proc/self/status") as status:
     blocked = status.read().split("SigBlk:")[1].split()[0]
 with open(os.path.join(marks, f"ready-{rank}.tmp"), "w") as handle:
     handle.write(f"{os.getpid()} {blocked}")
 os.replace(os.path.join(marks, f"ready-{rank}.tmp"), os.path.join(marks, f"ready-{rank}"))
+if late:
+    time.sleep(late)
+    signal.signal(signal.SIGUSR1, on_usr1)
 try:
     while True:
         if reduce is not None:
