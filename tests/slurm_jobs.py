@@ -55,8 +55,10 @@ def scenarios(marks: Callable[[str], Path]) -> list[Scenario]:
                   "2", "-", "--runner", "--gloo"], ["--time=2", "--signal=USR1@100"]),
         Scenario("sigkill_node", ["--node-timeout", "5", *loop,
                                   str(marks("sigkill_node"))]),
+        Scenario("preempted", [*demo, "--steps", "100000", "--cleanup-seconds", "2"]),
+        # in the partition that preempts: never the job the preemption test's job displaces
         Scenario("network_cut", ["--node-timeout", "5", "--grace", "3", *loop,
-                                 str(marks("network_cut"))]),
+                                 str(marks("network_cut"))], ["--partition=urgent"]),
     ]
 
 

@@ -65,3 +65,14 @@ def test_without_scontrol_the_environments_end_time_decides() -> None:
     ("", None)])
 def test_slurm_time_limits_are_read(text: str, seconds: float | None) -> None:
     assert limit_seconds(text) == seconds
+
+
+def test_a_job_in_its_preemption_grace_time_is_preempted() -> None:
+    """Measured: during GraceTime slurmctld says RUNNING, with PreemptTime set."""
+    running = parse_job("JobId=42 JobState=RUNNING Reason=None StartTime=2026-12-03T08:00:00 "
+                        "TimeLimit=UNLIMITED PreemptTime=2026-12-03T08:10:00 EndTime=Unknown")
+    from datetime import datetime
+    at = datetime.fromisoformat("2026-12-03T08:10:00").timestamp()
+    cause = classify(ENV, running, None, at=at + 0.2, accounted="RUNNING")
+    assert cause["kind"] == "preempted" and cause["evidence"]["preempt_time"] == at
+    assert classify(ENV, job("RUNNING"), None, at=0.0)["kind"] == "unknown"  # PreemptTime absent

@@ -146,6 +146,30 @@ def test_a_time_limit_is_one_graceful_stop_every_cleanup_finished(
         assert entry["signal"] == "SIGUSR1" and entry["sender"]["kind"] == "scheduler", entry
 
 
+def test_preemption_is_one_graceful_stop_every_cleanup_finished(
+        slurm_jobs: dict[str, Job]) -> None:
+    """A job of the `urgent` partition (PriorityTier 10, PreemptMode=CANCEL, GraceTime=5 on
+    `debug`) needs the CPUs the demo holds: slurmstepd sends SIGTERM + SIGCONT at once (the
+    job still RUNNING, PreemptTime set) and the kill's SIGTERM, SIGCONT, SIGTERM later."""
+    job = slurm_jobs["preempted"]
+    training(job)
+    others = [j for name, j in slurm_jobs.items() if name not in ("preempted", "network_cut")]
+    # every CPU the urgent job needs but the two jobs left hold: only this job can give them
+    wait_for(lambda: not any(j.queued() for j in others), 240, "the other jobs to end")
+    urgent = subprocess.run(
+        ["sbatch", "--parsable", "--partition=urgent", "-N2", "--ntasks-per-node=1",
+         "--cpus-per-task=7", f"--output={job.root / 'urgent.out'}", "--wrap=true"],
+        capture_output=True, text=True, env=job.env, timeout=60, check=True).stdout.strip()
+    state, _ = job.wait_end(120)
+    assert state in ("PREEMPTED", "FAILED"), job.sacct()
+    for envelope in every_node(job):
+        assert envelope["exit_code"] == 2 and envelope["decided_by"]["rule"] == 4
+        one_stop_request(envelope)
+        assert envelope["stop"]["scheduler"]["kind"] == "preempted", envelope["stop"]
+    cleanups_finished(job)
+    Job("urgent", urgent.split(";")[0], job.root, job.env).wait_end(60)
+
+
 def test_a_sigkilled_node_is_named_as_the_cause(slurm_jobs: dict[str, Job]) -> None:
     job = slurm_jobs["sigkill_node"]
     ready(job)

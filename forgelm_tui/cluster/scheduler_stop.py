@@ -8,7 +8,7 @@ then. The kind:
 |---|---|
 | ``time_limit`` | JobState ``TIMEOUT``, or start + ``TimeLimit`` (``SLURM_JOB_END_TIME``) reached |
 | ``scancel`` | JobState ``CANCELLED`` (accounting's, while slurmctld says COMPLETING) |
-| ``preempted`` | JobState ``PREEMPTED`` |
+| ``preempted`` | JobState ``PREEMPTED``, or ``PreemptTime`` set (during ``GraceTime``) |
 | ``node_failure`` | JobState ``NODE_FAIL`` |
 | ``unknown`` | none of these (a signal from elsewhere, or scontrol could not answer) |
 
@@ -106,8 +106,12 @@ def classify(env: Mapping[str, str], job: Mapping[str, str] | None, sender: dict
         "job_id": env.get("SLURM_JOB_ID"), "job_state": state, "accounted_state": accounted,
         "reason": (job or {}).get("Reason"), "time_limit_at": end,
         "scontrol": job is not None, "sender": sender}
+    preempt = _epoch((job or {}).get("PreemptTime"))
+    evidence["preempt_time"] = preempt
     named = [_STATES.get((s or "").split(" ")[0]) for s in (state, accounted)]
     kind = next((k for k in named if k), None)
+    if kind is None and preempt is not None and at >= preempt - END_MARGIN:
+        kind = "preempted"  # in its GraceTime: still RUNNING, PreemptTime set
     if kind is None and end is not None and at >= end - END_MARGIN:
         kind = "time_limit"
     return {"kind": kind or "unknown", "evidence": evidence}

@@ -63,6 +63,8 @@
 #   * Per-node SlurmdSpoolDir/SlurmdPidFile/SlurmdLogFile use %n: both
 #     slurmds share this filesystem.
 #   * KillWait=10, OverTimeLimit=0, InactiveLimit=0, MinJobAge=15.
+#     Preemption: preempt/partition_prio, PreemptMode=CANCEL; partition "debug"
+#     (default, PriorityTier 1, GraceTime=5) is preempted by "urgent" (tier 10).
 #     slurmctld enforces time limits on a ~30 s cycle: --time=1 jobs were
 #     ended after 87 s, --time=2 after 143 s; sacct then says TIMEOUT.
 #     A scancel'ed job is "CANCELLED by 0" in sacct.  End records reach
@@ -414,13 +416,16 @@ KillWait=10
 OverTimeLimit=0
 InactiveLimit=0
 MinJobAge=15
+PreemptType=preempt/partition_prio
+PreemptMode=CANCEL
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=$CTL_ADDR
 AccountingStoragePort=$DBD_PORT
 AccountingStoragePass=$MUNGE_SOCK
 JobCompType=jobcomp/none
 MailProg=/bin/true
-${nodelines}PartitionName=debug Nodes=$(IFS=,; echo "${NODES[*]}") Default=YES MaxTime=INFINITE State=UP
+${nodelines}PartitionName=debug Nodes=$(IFS=,; echo "${NODES[*]}") Default=YES MaxTime=INFINITE State=UP PriorityTier=1 GraceTime=5
+PartitionName=urgent Nodes=$(IFS=,; echo "${NODES[*]}") MaxTime=INFINITE State=UP PriorityTier=10 PreemptMode=OFF
 EOF
 
     cat >"$STATE/etc/cgroup.conf" <<EOF
