@@ -55,10 +55,12 @@ def scenarios(marks: Callable[[str], Path]) -> list[Scenario]:
                   "2", "-", "--runner", "--gloo"], ["--time=2", "--signal=USR1@100"]),
         Scenario("sigkill_node", ["--node-timeout", "5", *loop,
                                   str(marks("sigkill_node"))]),
-        Scenario("preempted", [*demo, "--steps", "100000", "--cleanup-seconds", "2"]),
-        # in the partition that preempts: never the job the preemption test's job displaces
+        # the only job of the preemptible partition, holding 8 of each node's 16 CPUs: an
+        # urgent job that needs 9 can only get them by preempting it, whatever else runs
+        Scenario("preempted", [*demo, "--steps", "100000", "--cleanup-seconds", "2"],
+                 ["--partition=low", "--cpus-per-task=8"]),
         Scenario("network_cut", ["--node-timeout", "5", "--grace", "3", *loop,
-                                 str(marks("network_cut"))], ["--partition=urgent"]),
+                                 str(marks("network_cut"))]),
     ]
 
 
@@ -179,7 +181,8 @@ def submit(scenario: Scenario, root: Path, env: dict[str, str]) -> Job:
     # step would be SIGKILLed a few seconds later instead of KillWait (docs/schedulers.md).
     wrap = "trap '' TERM; srun --ntasks-per-node=1 " + shlex.join(command)
     done = subprocess.run(
-        ["sbatch", "--parsable", "-N2", "--ntasks-per-node=1", "--cpus-per-task=1",
+        ["sbatch", "--parsable", "-N2", "--ntasks-per-node=1",
+         *([] if any(o.startswith("--cpus") for o in scenario.sbatch) else ["--cpus-per-task=1"]),
          f"--job-name=ftui-{scenario.name}", f"--output={job_dir / 'slurm.out'}",
          f"--chdir={job_dir}", *scenario.sbatch, f"--wrap={wrap}"],
         capture_output=True, text=True, env=env, timeout=60, check=False)
