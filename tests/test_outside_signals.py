@@ -25,7 +25,7 @@ SLURMSTEPD = 4242
 
 def sender(pid: int, *, process: str | None = None, code: int = SI_USER,
            parent: int = 1, under_scheduler: bool = False) -> Sender:
-    return classify(pid, 0, code, process, parent, under_scheduler, 0.0)
+    return classify(pid, 0, code, process, parent, under_scheduler)
 
 
 def cancel(h, who: Sender | None, sig: int = TERM) -> str:  # type: ignore[no-untyped-def]

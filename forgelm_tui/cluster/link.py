@@ -84,8 +84,7 @@ class NodeLink:
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        host = "127.0.0.1" if self.me == 0 else self.config.store_host
-        inbox = self.store.client(host, self.config.store_port, INBOX_WAIT)
+        inbox = self.store.client(self._store_host, self.config.store_port, INBOX_WAIT)
         self.sup.subscribe(self.on_event)
         for name, target, args in (("inbox", self._inbox_thread, (inbox,)),
                                    ("ticker", self._ticker_thread, ())):
@@ -281,9 +280,13 @@ class NodeLink:
                 self._reconnect()
 
     def _reconnect(self) -> None:
-        host = "127.0.0.1" if self.me == 0 else self.config.store_host
         with contextlib.suppress(StoreLost, StoreTimeout):
-            self.store = self.store.client(host, self.config.store_port, TICK_WAIT)
+            self.store = self.store.client(self._store_host, self.config.store_port, TICK_WAIT)
+
+    @property
+    def _store_host(self) -> str:
+        """Where this node reaches the control store (node 0 hosts it)."""
+        return "127.0.0.1" if self.me == 0 else self.config.store_host
 
     def _publish(self, kind: str, payload: Any) -> None:
         store = self.store

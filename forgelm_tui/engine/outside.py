@@ -56,7 +56,3 @@ class OutsideSignals:
             return False
         at = self._received.get(sig)
         return at is not None and abs(self.clock() - at) <= BURST_S
-
-    @staticmethod
-    def may_be_explained(sig: int | None) -> bool:
-        return sig in OUTSIDE_STOP_SIGNALS

@@ -26,7 +26,6 @@ import contextlib
 import os
 import signal
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
@@ -52,7 +51,6 @@ class Sender:
     code: int
     process: str | None  # its /proc comm when it could be read at receipt
     kind: str
-    at_mono: float
 
     @property
     def key(self) -> tuple[str, int]:
@@ -69,7 +67,7 @@ class Sender:
 
 
 def classify(pid: int, uid: int, code: int, process: str | None, parent: int,
-             under_scheduler: bool, at_mono: float) -> Sender:
+             under_scheduler: bool) -> Sender:
     """The sender of one signal. ``parent``: this process's parent pid; ``under_scheduler``:
     SLURM started it (its parent is then slurmstepd, whose name may be gone by the time it is
     read)."""
@@ -81,7 +79,7 @@ def classify(pid: int, uid: int, code: int, process: str | None, parent: int,
         kind = SenderKind.SCHEDULER
     else:
         kind = SenderKind.PROCESS
-    return Sender(pid, uid, code, process, kind, at_mono)
+    return Sender(pid, uid, code, process, kind)
 
 
 def _comm(pid: int) -> str | None:
@@ -122,7 +120,7 @@ class _Inbox:
         while True:
             info = signal.sigwaitinfo(self.signals)
             sender = classify(info.si_pid, info.si_uid, info.si_code, _comm(info.si_pid),
-                              os.getppid(), under_scheduler, time.monotonic())
+                              os.getppid(), under_scheduler)
             with self.lock:
                 route = self.routes.get(info.si_signo)
             if route is not None:
