@@ -9,6 +9,7 @@ import time
 from collections.abc import Sequence
 
 import forgelm_tui.lean_asyncio  # noqa: F401  (first: asyncio without OpenSSL's libraries)
+from forgelm_tui.engine.own_signals import hold_early
 from forgelm_tui.options import UsageError
 from forgelm_tui.plan import Planner
 from forgelm_tui.run import execute, prelaunch_error, stderr_line
@@ -35,6 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] in (["attach"], ["ls"], ["serve"]):
         return viewer_command(args)
+    hold_early()  # a signal while the run is planned waits for its handler (own_signals.py)
     planner = Planner(args, new_run_id())
     try:
         plan = planner.plan()

@@ -166,3 +166,26 @@ def test_the_schedulers_early_sigusr1_waits_for_each_ranks_handler(tmp_path: Pat
     assert all(r["signal"] is None and r["exit_code"] == 2 for r in envelope["ranks"])
     (forwarded,) = envelope["forwarded_signals"]
     assert forwarded["ranks"] == [0, 1] and forwarded["held_since"] is not None, forwarded
+
+
+def test_a_signal_while_the_run_is_planned_waits_for_its_handler(tmp_path: Path,
+                                                                 marks: Path) -> None:
+    """``sbatch --signal=USR1@N`` may fire as the job starts: a SIGUSR1 while forgelm-tui still
+    plans the run (here: inside its `scontrol show config`) used to end the supervisor (the
+    default action). It waits for the run's handlers, then for the ranks'."""
+    env = scheduler_env(tmp_path, "cgroup")
+    planning = tmp_path / "planning"
+    scontrol = tmp_path / "bin" / "scontrol"
+    scontrol.write_text(f"#!/bin/sh\ntouch {planning}\nsleep 1\n"
+                        "echo 'ProctrackType           = proctrack/cgroup'\n")
+    run = start(["--nproc-per-node", "2", rank_script("term_burst.py"), str(marks), "0.1", "-"],
+                tmp_path, env=env)
+    wait_for(planning.exists, 30, "forgelm-tui to be planning the run")
+    os.kill(run.proc.pid, signal.SIGUSR1)
+    ready(marks, 2)
+    wait_for(lambda: all((marks / f"usr1-{r}").exists() for r in range(2)), 20,
+             "each rank to get the early SIGUSR1")
+    run.signal(signal.SIGTERM)
+    assert run.wait(30) == 2
+    (forwarded,) = run.envelope()["forwarded_signals"]
+    assert forwarded["ranks"] == [0, 1] and forwarded["held_since"] is not None, forwarded

@@ -90,6 +90,7 @@ def _watch(fd: int, grace: float, needle: bytes) -> None:  # pragma: no cover - 
     os.setsid()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())  # none held for the supervisor's inbox
     _close_other_fds(fd)
     groups: set[int] = set()
     buffered = b""

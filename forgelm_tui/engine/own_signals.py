@@ -49,6 +49,15 @@ def ignore_terminal_signals() -> None:
             signal.signal(sig, signal.SIG_IGN)
 
 
+# Blocked at the CLI's start, before the plan: the stop signals, SIGQUIT and the default forwards
+EARLY: tuple[int, ...] = (*STOP_SIGNALS, STACKS_REQUEST, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def hold_early() -> None:
+    """At the CLI's start: the usual signals wait for the run's handlers (signal_inbox)."""
+    signal_inbox.hold_early(EARLY)
+
+
 def take_senders(forward_signals: Sequence[int]) -> bool:
     """From now on, know who sent each signal handled here (engine/signal_inbox.py). Call
     before any thread starts; False where that is too late (nothing changes then)."""

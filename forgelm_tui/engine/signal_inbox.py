@@ -15,6 +15,10 @@ die of it. :func:`children_unblocked` lifts it around each spawn (the child gets
 thread's mask); a signal arriving in that window is delivered the ordinary way, so a routed
 signal needs its ordinary handler too (engine/own_signals.py installs both), sender unknown.
 
+A signal that comes before its first route (the CLI blocks the usual ones at its very start,
+:func:`hold_early`, while it plans and before the run installs its handlers) waits for that
+route; one that comes after its route was removed (the run is over) goes the ordinary way.
+
 SIGCONT is never taken here: slurmstepd's SIGTERM, SIGCONT, SIGTERM burst is two SIGTERMs (or
 one: the kernel merges a signal still pending with its repeat).
 """
@@ -98,16 +102,24 @@ Route = tuple[asyncio.AbstractEventLoop, Callable[[Sender], None]]
 class _Inbox:
     def __init__(self) -> None:
         self.signals: frozenset[int] = frozenset()
+        self.early: frozenset[int] = frozenset()  # blocked at the CLI's start (hold_early)
         self.routes: dict[int, Route] = {}
+        self.waiting: dict[int, list[Sender]] = {}  # came before their first route
+        self.routed: set[int] = set()  # had a route once: after it, the ordinary way
         self.lock = threading.Lock()
         self.thread: threading.Thread | None = None
+
+    def hold_early(self, signals: Iterable[int]) -> None:
+        if self.thread is None and threading.active_count() == 1:
+            self.early = frozenset(signals)
+            signal.pthread_sigmask(signal.SIG_BLOCK, self.early)
 
     def start(self, signals: Iterable[int]) -> bool:
         if self.thread is not None:
             return True
         if threading.active_count() > 1 or not hasattr(signal, "sigwaitinfo"):
             return False  # a thread that does not block them would take some: senders unknown
-        self.signals = frozenset(signals)
+        self.signals = frozenset(signals) | self.early
         signal.pthread_sigmask(signal.SIG_BLOCK, self.signals)
         self.thread = threading.Thread(target=self._take, name="forgelm-tui-signals",
                                        daemon=True)
@@ -123,6 +135,9 @@ class _Inbox:
                               os.getppid(), under_scheduler)
             with self.lock:
                 route = self.routes.get(info.si_signo)
+                if route is None and info.si_signo not in self.routed:  # its handler comes
+                    self.waiting.setdefault(info.si_signo, []).append(sender)
+                    continue
             if route is not None:
                 loop, callback = route
                 with contextlib.suppress(RuntimeError):  # the loop closed: the ordinary way
@@ -142,8 +157,11 @@ class _Inbox:
         with self.lock:
             if callback is None:
                 self.routes.pop(sig, None)
-            else:
-                self.routes[sig] = (loop, callback)
+                return True
+            self.routes[sig] = (loop, callback)
+            self.routed.add(sig)
+            for sender in self.waiting.pop(sig, []):  # what came while the run was starting
+                loop.call_soon_threadsafe(callback, sender)
         return True
 
     @contextlib.contextmanager
@@ -159,6 +177,14 @@ class _Inbox:
 
 
 _INBOX = _Inbox()
+
+
+def hold_early(signals: Iterable[int]) -> None:
+    """At the CLI's start, with no other thread yet: block ``signals`` until the inbox takes
+    them (:func:`start` adds them to its own), so that one arriving while the run is planned,
+    or nodes join, waits for its handler instead of its default action (a SIGUSR1 from
+    ``sbatch --signal`` used to end the supervisor). Nothing happens with threads running."""
+    _INBOX.hold_early(signals)
 
 
 def start(signals: Iterable[int]) -> bool:
