@@ -24,7 +24,12 @@ def entry() -> None:
 
     Everything that matters (the envelope, the summary, the terminal) is done when ``main``
     returns; tearing down the imported modules would only delay CI by tens of milliseconds.
+    Only here, in the CLI's own process (never in a caller of ``main``, whose children would
+    inherit it), the usual signals are blocked at once, so that one arriving while the run is
+    planned waits for the run's handlers (engine/own_signals.py, ``hold_early``).
     """
+    if sys.argv[1:2] not in (["attach"], ["ls"], ["serve"]):
+        hold_early()
     code = main()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a closed stdout never changes the code
@@ -36,7 +41,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] in (["attach"], ["ls"], ["serve"]):
         return viewer_command(args)
-    hold_early()  # a signal while the run is planned waits for its handler (own_signals.py)
     planner = Planner(args, new_run_id())
     try:
         plan = planner.plan()
