@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -80,3 +82,33 @@ def test_uncaught_stop_dies_of_sigterm_as_without_the_runner(tmp_path: Path) -> 
 def ready_pids_or_files(marks: Path, ranks: int = 2) -> None:
     wait_for(lambda: all((marks / f"ready-{r}").exists() for r in range(ranks)), 30,
              "ranks to be ready")
+
+
+@pytest.mark.timeout(120)
+def test_a_stopped_gloo_rank_frees_the_peer_waiting_on_it(tmp_path: Path, marks: Path) -> None:
+    """Rank 1 stops first: it leaves the process group, so rank 0, waiting in an all_reduce rank
+    1 will never enter, fails at once into its own cleanup, not when rank 1's process ends
+    (after its cleanup: a hang until the grace's SIGKILL). Rank 0's own SIGTERM then comes in
+    the middle of that cleanup and is raised only after it, in the loop."""
+    run = start(["--nproc-per-node", "2", "--graceful", rank_script("peer_left.py"),
+                 str(marks)], tmp_path)
+    pids = [int(p) for p in wait_for(
+        lambda: [(marks / f"ready-{r}").read_text() for r in range(2)]
+        if all((marks / f"ready-{r}").exists() for r in range(2)) else None,
+        60, "both ranks ready")]
+    os.kill(pids[1], signal.SIGTERM)
+    wait_for(lambda: (marks / "caught-0").exists() and (marks / "stopped-1").exists(), 30,
+             "rank 0's collective to fail while rank 1 is in its cleanup")
+    assert "Connection closed" in (marks / "caught-0").read_text()
+    assert (marks / "stopped-1").read_text() == "GracefulStop: stopped by SIGTERM"
+    os.kill(pids[0], signal.SIGTERM)  # rank 0 is in its cleanup, waiting for the release
+    time.sleep(0.3)  # long enough for a wrongly raised stop to land in that cleanup (3 re-checks)
+    assert not (marks / "stopped-0").exists()
+    (marks / "release").write_text("")
+    assert run.wait(60) == 2
+    for rank in range(2):
+        assert (marks / f"cleanup-{rank}").read_text() == "done", rank
+    assert (marks / "stopped-0").read_text() == "GracefulStop: stopped by SIGTERM"
+    # (rank 0's own exit races the supervisor's stop that rank 1's exit 2 begins: not asserted)
+    assert run.envelope()["ranks"][1]["exit_code"] == 2
+

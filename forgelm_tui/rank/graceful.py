@@ -15,6 +15,18 @@ Nothing else changes: ``sys.argv``, ``__main__``, ``-m`` semantics, ``sys.path[0
 codes are what ``python [-m] program`` gives. If the exception is not caught, the process dies
 of SIGTERM exactly as it would have without the runner.
 
+Ranks of one job receive a stop at different moments (another node's scheduler signal comes tens
+of ms later), and a rank that left its training loop never enters the next collective: a gloo
+peer already waiting in it would wait until this rank's process ends, its cleanup included, and
+the grace's SIGKILL takes it first. So on the first SIGTERM a gloo rank leaves its process
+groups (``destroy_process_group``): a peer waiting on it fails at once ("Connection closed by
+peer"), its own ``except`` cleanup runs, and the SIGTERM that reaches it there is not raised a
+second time into that cleanup: while the program is handling an exception, the stop waits until
+it is not (re-checked every 0.1 s) or the program ends. Cleanup code under the runner cannot use
+collectives (the peers stop at different points; it never could safely). NCCL groups are left
+alone: their collectives do not hold the Python thread, and destroying a communicator with work
+in flight can itself hang.
+
 Under forgelm-tui the runner also gives every HF ``Trainer`` the program builds a progress
 callback (``trainer_hook``): steps and heartbeats on the channel, so ForgeLM's evaluation and
 saves are not taken for a stall and every rank shows its real training step; and it installs
@@ -23,10 +35,12 @@ the stacks handler (``rank.stacks``), so the supervisor can show where the progr
 
 from __future__ import annotations
 
+import contextlib
 import os
 import runpy
 import signal
 import sys
+import threading
 import time
 from types import FrameType
 
@@ -40,19 +54,67 @@ class GracefulStop(Exception):
 
 
 SAME_REQUEST_S = 1.0  # a SIGTERM this soon after the first is the same request (a burst)
-_first_at: list[float] = []
+RECHECK_S = 0.1  # how often a stop deferred by an exception being handled is tried again
+
+
+class _Stop:
+    """The runner's one stop request: when it came, whether it was raised, what is due."""
+
+    first_at: float | None = None
+    raised = False
+    recheck = False  # the next SIGTERM is the runner's own re-delivery
+    done = False  # the program has ended: nothing is raised any more
+
+
+_stop = _Stop()
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    if _first_at:  # a second SIGTERM: the same request in a burst, else the ordinary end
-        if time.monotonic() - _first_at[0] <= SAME_REQUEST_S:
+    if _stop.first_at is not None:
+        if _stop.recheck:  # the runner's own re-delivery of a deferred stop
+            _stop.recheck = False
+            _raise_unless_cleaning_up()
             return
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if time.monotonic() - _stop.first_at <= SAME_REQUEST_S:
+            return  # the same request in a burst
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a later one: the ordinary end
         os.kill(os.getpid(), signal.SIGTERM)
         return
-    _first_at.append(time.monotonic())
+    _stop.first_at = time.monotonic()
+    _leave_collectives()
     default_channel().send(MessageKind.STOP_REQUESTED, signal="SIGTERM", via="graceful")
+    _raise_unless_cleaning_up()
+
+
+def _raise_unless_cleaning_up() -> None:
+    """Raise the stop, unless the program is handling an exception (a failed collective's, its
+    cleanup under way): then try again shortly, and never raise into that cleanup."""
+    if _stop.raised or _stop.done:
+        return
+    if sys.exc_info()[1] is not None:
+        timer = threading.Timer(RECHECK_S, _redeliver)
+        timer.daemon = True
+        timer.start()
+        return
+    _stop.raised = True
     raise GracefulStop("stopped by SIGTERM")
+
+
+def _redeliver() -> None:
+    if _stop.done or _stop.raised or signal.getsignal(signal.SIGTERM) is not _on_sigterm:
+        return
+    _stop.recheck = True
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _leave_collectives() -> None:
+    """Destroy this rank's gloo process groups, so no peer waits on it in a collective."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None:
+        return
+    with contextlib.suppress(Exception):  # best effort: the stop goes on regardless
+        if dist.is_available() and dist.is_initialized() and dist.get_backend() == "gloo":
+            dist.destroy_process_group()
 
 
 def _die_of_sigterm() -> None:
@@ -85,7 +147,10 @@ def main(argv: list[str]) -> None:
             sys.path[0] = os.path.dirname(os.path.abspath(script))
             runpy.run_path(script, run_name="__main__")
     except GracefulStop:
+        _stop.done = True
         _die_of_sigterm()
+    finally:
+        _stop.done = True
 
 
 if __name__ == "__main__":
