@@ -1,5 +1,5 @@
 """``python -m forgelm_tui``."""
 
-from forgelm_tui.cli import entry
+from forgelm_tui.console import entry
 
 entry()

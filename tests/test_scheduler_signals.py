@@ -189,3 +189,31 @@ def test_a_signal_while_the_run_is_planned_waits_for_its_handler(tmp_path: Path,
     assert run.wait(30) == 2
     (forwarded,) = run.envelope()["forwarded_signals"]
     assert forwarded["ranks"] == [0, 1] and forwarded["held_since"] is not None, forwarded
+
+
+def test_the_usual_signals_are_blocked_before_the_cli_is_imported(tmp_path: Path) -> None:
+    """The console script and ``python -m forgelm_tui`` block them on their first line: a
+    SIGUSR1 during the CLI's imports (~150 ms, seconds on a loaded node; the real cluster's
+    early ``--signal`` once came there) waits for its handler too. Read from inside the run, at
+    the moment ``forgelm_tui.cli`` starts to load; views keep them unblocked."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "import importlib.abc, runpy, sys\n"
+        "class Probe(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name == 'forgelm_tui.cli':\n"
+        "            with open('/proc/self/status') as status:\n"
+        "                mask = int(status.read().split('SigBlk:')[1].split()[0], 16)\n"
+        "            print(mask, flush=True)\n"
+        "        return None\n"
+        "sys.meta_path.insert(0, Probe())\n"
+        "sys.argv = ['forgelm-tui', *sys.argv[1:]]\n"
+        "runpy.run_module('forgelm_tui', run_name='__main__')\n")
+    for args, held in ((["--version"], True), (["ls", str(tmp_path / "none")], False)):
+        done = subprocess.run([sys.executable, str(probe), *args], capture_output=True,
+                              text=True, timeout=30, cwd=tmp_path)
+        mask = int(done.stdout.split()[0])
+        blocked = {s for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGQUIT)
+                   if mask & (1 << (s - 1))}
+        assert blocked == ({signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGQUIT}
+                           if held else set()), (args, hex(mask), done.stderr)
