@@ -57,7 +57,8 @@ class Session:
                                   guardian)
         self.report = RunReport(plan, supervisor=self.supervisor)
         self.subscribe(self.report.on_event)
-        self.scheduler_cause = SchedulerCause(os.environ, lambda: self.supervisor)
+        self.scheduler_cause = SchedulerCause(os.environ, lambda: self.supervisor,
+                                              plan.info.kill_window, plan.info.grace_source)
         self.subscribe(self.scheduler_cause.on_event)
         if peers is not None:
             from forgelm_tui.cluster.node import NodeRun

@@ -240,3 +240,25 @@ def test_countdown_names_only_live_ranks_and_stops_with_them() -> None:
     h.advance(10.0)
     assert len(h.effects.of(ev.StopCountdown)) == 3
     assert h.effects.signals(KILL) == []  # nothing left to kill at the deadline
+
+
+def test_a_longer_scheduler_window_moves_the_kill_later_never_earlier() -> None:
+    """A preemption found during the stop (GraceTime + KillWait, not KillWait alone): the
+    SIGKILL pass moves to the longer grace, measured from the stop's start; a shorter one, or
+    one after the kill, changes nothing (policy.extend_grace)."""
+    h = harness(2, grace=5.0)
+    h.policy.cancel(CancelSource.SIGNAL, "SIGTERM to the supervisor", TERM)
+    h.advance(2.0)
+    assert not h.policy.extend_grace(4.0, "shorter")
+    assert h.policy.extend_grace(10.0, "preempted: GraceTime 5 s + SLURM KillWait 10 s, less 5 s")
+    assert h.policy.seconds_left() == pytest.approx(8.0)
+    h.advance(7.9)
+    assert h.effects.signals(KILL) == []
+    h.advance(0.2)
+    assert h.effects.signals(KILL) == [0, 1]
+    stop = h.policy.stop
+    assert stop is not None and stop.grace == 10.0 and stop.killed_at == pytest.approx(110.0)
+    assert stop.grace_from is not None and stop.grace_from.startswith("preempted: GraceTime 5 s")
+    assert h.effects.sent[-1][3] == f"grace of 10 s ended ({stop.grace_from})"
+    assert not h.policy.extend_grace(20.0, "after the kill")
+    assert stop.grace == 10.0

@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from forgelm_tui.cluster.scheduler_stop import classify, limit_seconds, parse_job
+from forgelm_tui.cluster.scheduler_stop import (
+    classify,
+    grace_time,
+    limit_seconds,
+    parse_job,
+    preemption_grace,
+)
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -76,3 +82,31 @@ def test_a_job_in_its_preemption_grace_time_is_preempted() -> None:
     cause = classify(ENV, running, None, at=at + 0.2, accounted="RUNNING")
     assert cause["kind"] == "preempted" and cause["evidence"]["preempt_time"] == at
     assert classify(ENV, job("RUNNING"), None, at=0.0)["kind"] == "unknown"  # PreemptTime absent
+
+
+def test_a_partitions_grace_time_is_read() -> None:
+    line = ("PartitionName=low AllowGroups=ALL Default=NO GraceTime=300 Hidden=NO "
+            "PreemptMode=CANCEL State=UP")
+    assert grace_time(line) == 300.0
+    assert grace_time("PartitionName=x GraceTime=bad") is None
+    assert grace_time(None) is None and grace_time("PartitionName=x") is None
+
+
+@pytest.mark.parametrize(("cause", "window", "source", "grace"), [
+    # a preemption: GraceTime + the window, less the margin for forgelm-tui's own end
+    ({"kind": "preempted", "evidence": {"grace_time": 300.0}}, 30.0, "SLURM KillWait", 325.0),
+    ({"kind": "preempted", "evidence": {"grace_time": 5.0}}, 10.0, "--kill-wait", 10.0),
+    ({"kind": "preempted", "evidence": {"grace_time": 5.0}}, 10.0, "--grace", None),  # explicit
+    ({"kind": "preempted", "evidence": {"grace_time": 0.0}}, 30.0, "SLURM KillWait", None),
+    ({"kind": "preempted", "evidence": {"grace_time": None}}, 30.0, "SLURM KillWait", None),
+    ({"kind": "preempted", "evidence": {"grace_time": 60.0}}, None, "default", None),
+    ({"kind": "time_limit", "evidence": {}}, 30.0, "SLURM KillWait", None),
+    (None, 30.0, "SLURM KillWait", None),
+])
+def test_a_preemption_grows_a_derived_grace_to_its_window(
+        cause: dict[str, object] | None, window: float | None, source: str,
+        grace: float | None) -> None:
+    found = preemption_grace(cause, window, source)
+    assert (None if found is None else found[0]) == grace, found
+    if found is not None:
+        assert found[1].startswith("preempted: GraceTime ") and source in found[1]

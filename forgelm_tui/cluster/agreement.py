@@ -91,7 +91,10 @@ def merge(base: dict[str, Any], finals: dict[int, dict[str, Any]], verdict: Verd
     if origin is not None and origin["envelope"].get("cancelled"):
         envelope["cancelled"] = origin["envelope"]["cancelled"]
     if stop is not None:
-        envelope["stop"] = {**(envelope.get("stop") or {}), **_stop_dict(stop)}
+        own = envelope.get("stop") or {}
+        envelope["stop"] = {**own, **_stop_dict(stop)}
+        if own.get("grace_from"):  # this node's grace grew during the stop (a preemption)
+            envelope["stop"]["grace_s"] = own["grace_s"]
     envelope["root_cause_rank"] = verdict.deciding_rank if verdict.rule == 2 else None
     causes = [f["envelope"].get("root_cause_gpu") for _, f in sorted(finals.items())]
     envelope["root_cause_gpu"] = next(  # the root cause's node had it as its own root cause

@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from forgelm_tui.cluster.kill_wait import MARGIN, MIN_GRACE
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.records import CancelSource
 
@@ -154,17 +155,57 @@ async def scheduler_stop(env: Mapping[str, str], sender: dict[str, Any] | None,
         rows = await _run(["sacct", "-j", job_id, "-X", "-n", "-P", "-o", "State"],
                           SCONTROL_WAIT)
         accounted = (rows or "").strip().splitlines()[0] if (rows or "").strip() else None
-    return classify(env, job, sender, at, accounted)
+    cause = classify(env, job, sender, at, accounted)
+    partition = (job or {}).get("Partition") or env.get("SLURM_JOB_PARTITION")
+    if cause["kind"] == "preempted" and partition:
+        text = await _run(["scontrol", "show", "partition", "-o", partition], SCONTROL_WAIT)
+        cause["evidence"]["grace_time"] = grace_time(text)
+    return cause
+
+
+def grace_time(partition: str | None) -> float | None:
+    """A partition's ``GraceTime`` (seconds) from ``scontrol show partition -o``; None if
+    unknown."""
+    value = parse_job(partition or "").get("GraceTime")
+    try:
+        return None if value is None else float(value)
+    except ValueError:
+        return None
+
+
+def preemption_grace(cause: Mapping[str, Any] | None, window: float | None,
+                     grace_source: str | None) -> tuple[float, str] | None:
+    """The grace a preemption allows, and why; None where the grace stays: another cause, an
+    explicit ``--grace``, no window or no GraceTime known."""
+    if cause is None or cause.get("kind") != "preempted" or window is None:
+        return None
+    if grace_source in (None, "--grace", "default"):
+        return None
+    grace_time = cause.get("evidence", {}).get("grace_time")
+    if not grace_time:
+        return None
+    grace = max(MIN_GRACE, grace_time + window - MARGIN)
+    return grace, (f"preempted: GraceTime {grace_time:g} s + {grace_source} {window:g} s, "
+                   f"less {MARGIN:g} s")
 
 
 class SchedulerCause:
     """A listener: when a stop from a signal to the supervisor begins inside a SLURM job (its
     own, or another node's record of one), asks slurmctld why, once, in the background;
-    :meth:`settle` gives the answer for the envelope."""
+    :meth:`settle` gives the answer for the envelope.
 
-    def __init__(self, env: Mapping[str, str], supervisor: Callable[[], Supervisor]) -> None:
+    A preemption leaves more time than a time limit or scancel: SIGKILL comes ``GraceTime +
+    KillWait`` after the notice, not ``KillWait``. Unless ``--grace`` was given, the grace
+    derived from the window (``window - 5 s``) grows to ``GraceTime + window - 5 s`` once the
+    answer names a preemption and the partition's GraceTime: the ranks get the checkpoint time
+    the cluster grants them (policy.extend_grace; the envelope's ``stop.grace_from`` says so)."""
+
+    def __init__(self, env: Mapping[str, str], supervisor: Callable[[], Supervisor],
+                 window: float | None = None, grace_source: str | None = None) -> None:
         self.env = env
         self.supervisor = supervisor  # the attempt under way's
+        self.window = window  # the scheduler's SIGTERM -> SIGKILL window (KillWait), if known
+        self.grace_source = grace_source  # what set the grace: "--grace" is never changed
         self._task: asyncio.Task[dict[str, Any] | None] | None = None
 
     def on_event(self, event: ev.Event) -> None:
@@ -179,6 +220,14 @@ class SchedulerCause:
         with contextlib.suppress(RuntimeError):  # no running loop: no answer
             self._task = asyncio.get_running_loop().create_task(scheduler_stop(
                 self.env, None if first is None else first.as_dict(), event.at))
+            self._task.add_done_callback(self._answered)
+
+    def _answered(self, task: asyncio.Task[dict[str, Any] | None]) -> None:
+        if task.cancelled() or task.exception() is not None:
+            return
+        grace = preemption_grace(task.result(), self.window, self.grace_source)
+        if grace is not None:
+            self.supervisor().extend_grace(*grace)
 
     async def settle(self) -> dict[str, Any] | None:
         if self._task is None:

@@ -263,6 +263,20 @@ class StopPolicy:
             self.timers.start("kill", grace, lambda: self.kill_pass(f"grace of {grace:g} s ended"))
             self.timers.start("countdown", 1.0, self._countdown)
 
+    def extend_grace(self, grace: float, why: str) -> bool:
+        """The stop under way gets a longer grace (the scheduler's window, found longer once the
+        stop's cause is known: a preemption's GraceTime). The SIGKILL pass moves later, never
+        earlier, and not once it has run. True if it moved."""
+        stop = self.stop
+        if stop is None or stop.killed_at is not None or grace <= stop.grace:
+            return False
+        stop.deadline_mono += grace - stop.grace
+        stop.grace, stop.grace_from = grace, why
+        if self.live():
+            self.timers.start("kill", max(0.0, stop.deadline_mono - self.clock()),
+                              lambda: self.kill_pass(f"grace of {grace:g} s ended ({why})"))
+        return True
+
     def adopt(self, stop: StopRecord) -> None:
         """Another node's stop record (SPEC §8): this node's ranks stop the same way, with the
         record's grace and origin; after a stall, once this node's stacks are in too."""

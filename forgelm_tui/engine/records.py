@@ -255,6 +255,7 @@ class StopRecord:
     lost_node: int | None = None  # a node_lost stop: which node
     source: str | None = None  # a cancel's CancelSource value
     stacks_delay: float | None = None  # a stall stop: how long it waited for the ranks' stacks
+    grace_from: str | None = None  # why the grace was extended during the stop, if it was
 
 
 def rank_record(spec: LaunchSpec, local_rank: int) -> RankRecord:

@@ -95,6 +95,9 @@ class Supervisor:
     def cancels(self) -> list[CancelRequest]:
         return self._policy.cancels
 
+    def extend_grace(self, grace: float, why: str) -> bool:
+        return self._policy.extend_grace(grace, why)
+
     def subscribe(self, listener: Listener) -> None:
         self._events.listeners.append(listener)
 
