@@ -36,11 +36,26 @@ class Scenario:
     name: str
     target: list[str]  # forgelm-tui's own options and the rank command (or `demo ...`)
     sbatch: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)  # on top of the client's (sbatch exports)
 
 
-def scenarios(marks: Callable[[str], Path]) -> list[Scenario]:
+def forgelm_job(root: Path) -> tuple[Path, dict[str, str]]:
+    """A real ForgeLM job (tests/forgelm_job.py) whose training outlasts a time limit, and the
+    environment its ranks need: each step waits 0.5 s (tests/slow_steps), as on a GPU, so the
+    two minutes before the limit cost the suite a few seconds of CPU, not four ranks' worth."""
+    from forgelm_job import build_tiny_model, job_env, make_job
+
+    job = make_job(root / "job", max_steps=5000, model_dir=build_tiny_model(root / "model"))
+    env = job_env(job.dir, base={})
+    env.update({"FORGELM_TEST_STEP_SECONDS": "0.5",
+                "PYTHONPATH": str(Path(__file__).parent / "slow_steps")})
+    return job.config, env
+
+
+def scenarios(marks: Callable[[str], Path], root: Path) -> list[Scenario]:
     """The jobs, each 2 nodes x 2 gloo ranks (one forgelm-tui per node, as srun runs it)."""
     demo = ["demo", "--step-time", "0.2"]
+    config, forgelm_env = forgelm_job(root / "time_limit_forgelm")
     loop = [rank_script("gloo_loop.py")]
     return [
         Scenario("approval", [*demo, "--steps", "3", "--exit-code", "4"]),
@@ -52,7 +67,9 @@ def scenarios(marks: Callable[[str], Path]) -> list[Scenario]:
                  ["--time=2"]),
         Scenario("time_limit_runner",
                  ["--graceful", rank_script("term_burst.py"), str(marks("time_limit_runner")),
-                  "2", "-", "--runner", "--gloo"], ["--time=2", "--signal=USR1@100"]),
+                  "2", "-", "--runner", "--gloo"], ["--time=2", "--signal=USR1@40"]),
+        # ForgeLM mode: the real ForgeLM, training when the limit comes
+        Scenario("time_limit_forgelm", ["--config", str(config)], ["--time=2"], forgelm_env),
         Scenario("sigkill_node", ["--node-timeout", "5", *loop,
                                   str(marks("sigkill_node"))]),
         # the only job of the preemptible partition, holding 8 of each node's 16 CPUs: an
@@ -173,6 +190,7 @@ class Job:
 
 def submit(scenario: Scenario, root: Path, env: dict[str, str]) -> Job:
     job_dir = root / scenario.name
+    env = {**env, **scenario.env}
     (job_dir / "marks").mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "forgelm_tui", "--no-tui", "--run-dir",
                str(job_dir / "run"), "--nproc-per-node", "2", "--join-timeout", "60",
@@ -199,6 +217,7 @@ def submit_all(root: Path) -> dict[str, Job]:
         if record.exists():
             known = json.loads(record.read_text())
             return {name: Job(name, job_id, root / name, env) for name, job_id in known.items()}
-        jobs = {s.name: submit(s, root, env) for s in scenarios(lambda n: root / n / "marks")}
+        jobs = {s.name: submit(s, root, env)
+                for s in scenarios(lambda n: root / n / "marks", root)}
         record.write_text(json.dumps({name: job.job_id for name, job in jobs.items()}))
         return jobs
