@@ -9,7 +9,7 @@ import time
 from collections.abc import Sequence
 
 import forgelm_tui.lean_asyncio  # noqa: F401  (first: asyncio without OpenSSL's libraries)
-from forgelm_tui import console
+from forgelm_tui.early_signals import holds_signals
 from forgelm_tui.engine.own_signals import hold_early
 from forgelm_tui.options import UsageError
 from forgelm_tui.plan import Planner
@@ -29,7 +29,7 @@ def entry() -> None:
     inherit it), the usual signals are blocked at once, so that one arriving while the run is
     planned waits for the run's handlers (engine/own_signals.py, ``hold_early``).
     """
-    if console.holds_signals(sys.argv):
+    if holds_signals(sys.argv):
         hold_early()  # (console.py blocked them already: this hands them to the inbox)
     code = main()
     for stream in (sys.stdout, sys.stderr):

@@ -13,13 +13,7 @@ from __future__ import annotations
 import signal
 import sys
 
-EARLY: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
-                          signal.SIGUSR1, signal.SIGUSR2)
-VIEWS = ("attach", "ls", "serve")
-
-
-def holds_signals(argv: list[str]) -> bool:
-    return argv[1:2] not in ([view] for view in VIEWS)
+from forgelm_tui.early_signals import EARLY, holds_signals
 
 
 def entry() -> None:

@@ -168,8 +168,9 @@ def test_a_time_limit_is_one_graceful_stop_every_cleanup_finished(
         return
     for rank in range(4):
         assert (job.marks / f"cleanup-{rank}").read_text() == "done", rank
-        # --signal=USR1@40 (20-80 s in), once per rank: forwarded by forgelm-tui under proctrack/cgroup
-        # (slurmstepd signals only the task), recorded only under linuxproc (it signals all)
+        # --signal=USR1@40 (20-80 s in), once per rank: forwarded by forgelm-tui under
+        # proctrack/cgroup (slurmstepd signals only the task), recorded only under linuxproc
+        # (it signals all)
         assert len((job.marks / f"usr1-{rank}").read_text().splitlines()) == 1, rank
     forwarded = job.envelope(0)["forwarded_signals"]
     assert {f["node_rank"] for f in forwarded} == {0, 1}, forwarded

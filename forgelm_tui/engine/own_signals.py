@@ -25,7 +25,7 @@ import signal
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from forgelm_tui import console
+from forgelm_tui import early_signals
 from forgelm_tui.engine import signal_inbox
 from forgelm_tui.engine.records import CancelSource
 from forgelm_tui.engine.signal_inbox import Sender
@@ -51,7 +51,7 @@ def ignore_terminal_signals() -> None:
 
 
 # Blocked at the CLI's start, before the plan: the stop signals, SIGQUIT and the default forwards
-EARLY = console.EARLY  # blocked from the console script's first line (console.py)
+EARLY = early_signals.EARLY  # blocked from the console script's first line (console.py)
 
 
 def hold_early() -> None:
