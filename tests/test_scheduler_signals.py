@@ -21,6 +21,13 @@ pytestmark = pytest.mark.timeout(60)
 SCHEDULER_ENV = {"SLURM_JOB_ID": "4242", "FORGELM_TUI_KILL_WAIT": "60"}
 
 
+def got_usr1(marks: Path, ranks: int) -> bool:
+    """Every rank has handled its SIGUSR1: a whole line in its mark (the file exists from the
+    handler's open, a moment before its write: a SIGTERM then would cut it)."""
+    paths = [marks / f"usr1-{r}" for r in range(ranks)]
+    return all(p.exists() and p.read_text().endswith("\n") for p in paths)
+
+
 def scheduler_env(tmp_path: Path, proctrack: str = "linuxproc") -> dict[str, str]:
     """Inside a SLURM job: a stand-in ``scontrol show config`` says how slurmstepd tracks the
     step's processes (linuxproc: its signals reach every rank too; cgroup: only the task)."""
@@ -120,7 +127,7 @@ def test_the_schedulers_sigusr1_reaches_each_rank_once(tmp_path: Path, marks: Pa
     direct = proctrack == "linuxproc"
     for pid in [run.proc.pid, *(pid for pid, _ in ranks.values() if direct)]:
         os.kill(pid, signal.SIGUSR1)
-    wait_for(lambda: all((marks / f"usr1-{r}").exists() for r in range(2)), 10, "SIGUSR1")
+    wait_for(lambda: got_usr1(marks, 2), 10, "SIGUSR1")
     run.signal(signal.SIGTERM)
     assert run.wait(30) == 2
     envelope = run.envelope()
@@ -158,7 +165,7 @@ def test_the_schedulers_early_sigusr1_waits_for_each_ranks_handler(tmp_path: Pat
                  "--usr1-late", "1.5"], tmp_path, env=scheduler_env(tmp_path, "cgroup"))
     ready(marks, 2)
     os.kill(run.proc.pid, signal.SIGUSR1)
-    wait_for(lambda: all((marks / f"usr1-{r}").exists() for r in range(2)), 20,
+    wait_for(lambda: got_usr1(marks, 2), 20,
              "each rank to get SIGUSR1 once it handles it")
     run.signal(signal.SIGTERM)
     assert run.wait(30) == 2
@@ -183,7 +190,7 @@ def test_a_signal_while_the_run_is_planned_waits_for_its_handler(tmp_path: Path,
     wait_for(planning.exists, 30, "forgelm-tui to be planning the run")
     os.kill(run.proc.pid, signal.SIGUSR1)
     ready(marks, 2)
-    wait_for(lambda: all((marks / f"usr1-{r}").exists() for r in range(2)), 20,
+    wait_for(lambda: got_usr1(marks, 2), 20,
              "each rank to get the early SIGUSR1")
     run.signal(signal.SIGTERM)
     assert run.wait(30) == 2
