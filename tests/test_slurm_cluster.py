@@ -10,6 +10,7 @@ enforces 60-90 s late, runs while the rest of the suite does.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -84,6 +85,8 @@ def forgelm_stopped_mid_training(job: Job) -> None:
             assert rank["exit_code"] == 2 or (
                 rank["signal"] == "SIGKILL" and [s["reason"] for s in kill]
                 == [f"grace of {envelope['settings']['grace_s']:g} s ended"]), rank
+    last_exit = json.loads((job.root / "job" / "out" / "last_exit.json").read_text())
+    assert last_exit["node_rank"] == 0 and last_exit["exit_code"] == 2  # node 0 alone writes it
     events = read_audit_log(job.root / "job" / "out")
     started = {e["run_id"] for e in events if e["event"] == "training.started"}
     failed = {e["run_id"]: e for e in events if e["event"] == "pipeline.failed"}

@@ -118,6 +118,8 @@ class NodeRun:
         info.master_addr, info.master_port = spec.master_addr, spec.master_port
         info.world_size, info.nnodes = spec.world_size, spec.nnodes
         paths = [run_dir / "envelope.json", *plan.envelope_paths[1:]]
+        if spec.node_rank != 0:  # ForgeLM's output dir is the job's, shared: node 0 writes it
+            paths = [p for p in paths if str(p) != info.last_exit_path]
         session.plan = plan = dataclasses.replace(plan, spec=spec, envelope_paths=paths)
         session.report.plan = plan
         return None
