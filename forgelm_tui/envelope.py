@@ -10,7 +10,6 @@ import contextlib
 import json
 import os
 from collections.abc import Iterable, Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ from forgelm_tui.engine.records import (
     StopRecord,
 )
 from forgelm_tui.envelope_gpu import last_gpu_sample, rank_gpu
+from forgelm_tui.isotime import iso
 from forgelm_tui.plan import RunInfo
 from forgelm_tui.private_files import error_text, make_private_dir, open_private
 from forgelm_tui.redact import redact_argv, redact_text
@@ -32,14 +32,6 @@ from forgelm_tui.verdict import Verdict
 
 SCHEMA = "forgelm-tui/envelope/v1"
 ERROR_TAIL_LINES = 20
-
-
-def iso(ts: float | None) -> str | None:
-    if ts is None:
-        return None
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace(
-        "+00:00", "Z"
-    )
 
 
 def _sig_name(sig: int | None) -> str | None:
@@ -101,9 +93,7 @@ def rank_dict(
         }
         for s in record.signals_sent
     ]
-    first_stop = next(
-        (s for s in record.signals_sent if s.purpose.stops), None
-    )
+    first_stop = record.first_stop
     return {
         "rank": record.rank,
         "local_rank": record.local_rank,
@@ -161,6 +151,16 @@ def _stacks(record: RankRecord) -> dict[str, Any]:
         "stacks_via": stacks.via if stacks else None,
         "stacks_note": stacks.note if stacks else None,
     }
+
+
+def build_without_attempts(info: RunInfo, verdict: Verdict,
+                           supervisor_error: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The envelope of a run that started no attempt (a pre-launch error, an internal error
+    before or around the launch): no ranks, no restarts."""
+    envelope = build(info, verdict)
+    envelope.update(supervisor_error=supervisor_error, max_restarts=info.max_restarts,
+                    restart_count=0, attempts=[])
+    return envelope
 
 
 def build(

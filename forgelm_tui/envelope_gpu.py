@@ -3,18 +3,11 @@ rank's last GPU sample (the root cause's). Null where there was no GPU sampling.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 
 from forgelm_tui.engine.events import GpuDevice
 from forgelm_tui.engine.records import RankRecord
-
-
-def _iso(ts: float | None) -> str | None:
-    if ts is None:
-        return None
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace(
-        "+00:00", "Z")
+from forgelm_tui.isotime import iso
 
 
 def rank_gpu(record: RankRecord) -> dict[str, Any] | None:
@@ -38,6 +31,6 @@ def last_gpu_sample(record: RankRecord | None) -> dict[str, Any] | None:
     """A rank's last GPU sample: when, what its processes held, and its devices' figures."""
     if record is None or record.gpu is None:
         return None
-    return {"rank": record.rank, "at": _iso(record.gpu_at),
+    return {"rank": record.rank, "at": iso(record.gpu_at),
             "memory_bytes": record.gpu.memory_bytes,
             "devices": [device_dict(d) for d in record.gpu.devices]}

@@ -328,7 +328,7 @@ def _local_row(r: RankRecord) -> tuple[str, ...]:
 
 def _remote_row(rank: dict[str, Any]) -> tuple[str, ...]:
     """A rank of another node, from its entry in the envelope (docs/envelope.md)."""
-    stop = next((s for s in rank["signals_sent"] if s["purpose"] in ("stop", "kill")), None)
+    stop = next((s for s in rank["signals_sent"] if ev.Purpose(s["purpose"]).stops), None)
     last = rank["signals_sent"][-1] if rank["signals_sent"] else None
     progress = rank.get("progress") or {}
     step = progress.get("step")

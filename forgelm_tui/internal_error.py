@@ -12,6 +12,7 @@ from typing import Any
 from forgelm_tui import envelope as env_mod
 from forgelm_tui.ending import RunEnding
 from forgelm_tui.engine.faults import describe_exception, fault_verdict
+from forgelm_tui.isotime import iso
 from forgelm_tui.plan import Plan
 
 
@@ -19,9 +20,8 @@ def report_internal_error(plan: Plan, exc: BaseException, say: Callable[[str], N
                           emit_json: Callable[[dict[str, Any]], None]) -> int:
     error = describe_exception(exc, "forgelm-tui")
     verdict = fault_verdict(error)
-    envelope = env_mod.build(plan.info, verdict)
-    envelope.update(supervisor_error=error.to_dict(env_mod.iso(error.at)),
-                    max_restarts=plan.info.max_restarts, restart_count=0, attempts=[])
+    envelope = env_mod.build_without_attempts(plan.info, verdict,
+                                              error.to_dict(iso(error.at)))
     written, errors = env_mod.write_each(plan.envelope_paths, envelope)
     where = RunEnding(verdict, envelope, None, tuple(errors), tuple(written)).where_line(
         plan.output_format == "json")

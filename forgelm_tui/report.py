@@ -16,6 +16,7 @@ from forgelm_tui.engine.records import CancelRequest
 from forgelm_tui.engine.restart_policy import RestartDecision, backoff, decide_restart
 from forgelm_tui.engine.supervisor import Supervisor
 from forgelm_tui.forgelm_mode import extract_result
+from forgelm_tui.isotime import iso
 from forgelm_tui.plan import Plan
 from forgelm_tui.signames import signal_name
 from forgelm_tui.verdict import (
@@ -81,7 +82,7 @@ class RunReport:
                                                                        None)]
         if self.backoff_cancel is not None and envelope["cancelled"] is None:
             envelope["cancelled"] = backoff_cancelled(self.backoff_cancel)
-        envelope["started_at"] = env_mod.iso(self.started_at or self.supervisor.started_at)
+        envelope["started_at"] = iso(self.started_at or self.supervisor.started_at)
         envelope["duration_s"] = _duration(self.started_at or self.supervisor.started_at,
                                            self.plan.info.ended_at)
         envelope["run_dir"] = self.plan.info.run_dir  # the run's; each attempt's in attempts
@@ -111,7 +112,7 @@ class RunReport:
             provisional=provisional,
         )
         error = sup.faults.error
-        envelope["supervisor_error"] = error.to_dict(env_mod.iso(error.at)) if error else None
+        envelope["supervisor_error"] = error.to_dict(iso(error.at)) if error else None
         envelope["run_dir"] = str(sup.spec.run_dir)  # an attempt's own files (attempt-K/)
         return envelope
 
@@ -161,7 +162,7 @@ def _duration(start: float | None, end: float | None) -> float | None:
 
 def backoff_cancelled(cancel: CancelRequest) -> dict[str, Any]:
     """The envelope's ``cancelled`` for a cancel between two attempts (no rank was running)."""
-    return {"by": cancel.origin, "signal": signal_name(cancel.signal), "at": env_mod.iso(cancel.at),
+    return {"by": cancel.origin, "signal": signal_name(cancel.signal), "at": iso(cancel.at),
             "requests": 1, "source": cancel.source.value}
 
 

@@ -248,9 +248,7 @@ def prelaunch_error(
     """Report a pre-launch failure: one line, an envelope that says why, exit 1."""
     info.error = message
     verdict = prelaunch_failure()
-    envelope = env_mod.build(info, verdict)
-    envelope.update(supervisor_error=None, max_restarts=info.max_restarts, restart_count=0,
-                    attempts=[])
+    envelope = env_mod.build_without_attempts(info, verdict)
     written, errors = env_mod.write_each(envelope_paths, envelope)
     ending = RunEnding(verdict, envelope, None, tuple(errors), tuple(written))
     where = ending.where_line(output_format == "json")

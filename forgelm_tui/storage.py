@@ -5,18 +5,12 @@ line that says so (docs/envelope.md, docs/security.md). Pure: records and dicts 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
+
+from forgelm_tui.isotime import iso
 
 if TYPE_CHECKING:
     from forgelm_tui.engine.records import RankRecord
-
-
-def _iso(ts: float | None) -> str | None:
-    if ts is None:
-        return None
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace(
-        "+00:00", "Z")
 
 
 def storage_section(records: Iterable[RankRecord]) -> dict[str, Any] | None:
@@ -28,11 +22,11 @@ def storage_section(records: Iterable[RankRecord]) -> dict[str, Any] | None:
     first = losses[0]
     return {
         "error": first.error,
-        "since": _iso(first.since),
+        "since": iso(first.since),
         "ranks": [
             {"rank": loss.rank, "stream": loss.stream, "path": loss.path,
-             "bytes_lost": loss.bytes_lost, "since": _iso(loss.since), "error": loss.error,
-             "failures": loss.failures, "resumed_at": _iso(loss.resumed_at)}
+             "bytes_lost": loss.bytes_lost, "since": iso(loss.since), "error": loss.error,
+             "failures": loss.failures, "resumed_at": iso(loss.resumed_at)}
             for loss in sorted(losses, key=lambda loss: (loss.rank, loss.stream))
         ],
         "envelope_not_written": [],

@@ -111,7 +111,7 @@ def merge(base: dict[str, Any], finals: dict[int, dict[str, Any]], verdict: Verd
 
 
 def _stop_dict(stop: dict[str, Any]) -> dict[str, Any]:
-    from forgelm_tui.envelope import iso
+    from forgelm_tui.isotime import iso
     from forgelm_tui.signames import signal_name
 
     return {"kind": stop["kind"], "reason": stop["reason"], "origin": stop["origin"],

@@ -127,9 +127,14 @@ class RankRecord:
         return self.pid is not None and self.ended_mono is None
 
     @property
+    def first_stop(self) -> SignalSent | None:
+        """The first stop or kill signal the supervisor sent it, if any."""
+        return next((s for s in self.signals_sent if s.purpose.stops), None)
+
+    @property
     def signalled_first(self) -> bool:
         """The supervisor sent it a stop or kill signal (before it ended, if it has)."""
-        return any(s.purpose.stops for s in self.signals_sent)
+        return self.first_stop is not None
 
     @property
     def forwarded_death(self) -> bool:

@@ -25,13 +25,13 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from datetime import UTC, datetime
 from pathlib import Path
 
 from forgelm_tui.channel import STACKS_SIGNAL, stacks_file_name
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.records import RankRecord
 from forgelm_tui.engine.stack_text import faulthandler_threads, innermost, py_spy_threads
+from forgelm_tui.isotime import now_iso
 from forgelm_tui.private_files import open_private
 from forgelm_tui.signames import signal_name
 
@@ -223,7 +223,7 @@ def _py_spy_failure(stderr: str) -> str:
 
 
 def _header(record: RankRecord, reason: str, via: str) -> str:
-    at = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    at = now_iso()
     return (f"\n=== forgelm-tui: rank {record.rank} (pid {record.pid}), {at}, {reason}: "
             f"every thread, most recent call first, via {via} ===\n")
 
