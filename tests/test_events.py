@@ -139,6 +139,9 @@ def test_a_viewer_from_a_mid_run_snapshot_sees_what_a_full_viewer_sees(tmp_path:
     session.subscribe(watch)
     ending = asyncio.run(session.run())
     assert taken and any(r.step for r in taken[0].ranks) and taken[0].verdict is None
+    final = session.snapshot()  # the grace a viewer shows: the stop's own once it began
+    assert taken[0].stop is None and taken[0].grace == session.plan.spec.grace
+    assert final.stop is not None and final.grace == final.stop.grace
     assert ending.verdict.code == 2 and ending.verdict.deciding_rank == 1
     assert _view(late) == _view(full)
     assert _verdict(late) == _verdict(full) == ending.verdict

@@ -325,6 +325,7 @@ class RunSnapshot:
     nnodes: int = 1
     attempt: AttemptStarted | None = None  # with --max-restarts: the attempt under way
     gpus: tuple[GpuDevice, ...] = ()  # this node's devices at the last GPU sample
+    grace: float | None = None  # the grace a stop would give now (the stop's own, once begun)
 
 
 class NodeState(StrEnum):

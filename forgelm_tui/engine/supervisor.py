@@ -107,7 +107,7 @@ class Supervisor:
             self.spec.run_id, self.spec.world_size, self.spec.shown_argv, str(self.spec.run_dir),
             self.started_at, tuple(r.snapshot() for r in self.records.values()), stop,
             self.ended_at, node_rank=self.spec.node_rank, nnodes=self.spec.nnodes,
-            gpus=self._gpu.devices)
+            gpus=self._gpu.devices, grace=stop.grace if stop else self.spec.grace)
 
     # ----------------------------------------------------------------- events out
 
@@ -387,7 +387,7 @@ class Supervisor:
         if stop is None:
             return None
         live = tuple(r.rank for r in self.records.values() if r.alive)
-        return ev.RunStopping(stop.kind, stop.reason, stop.origin, self.spec.grace, live, stop.at)
+        return ev.RunStopping(stop.kind, stop.reason, stop.origin, stop.grace, live, stop.at)
 
     def signalled(self, sig: int, sender: Sender | None = None) -> None:
         """A stop signal to the supervisor (engine/own_signals.py): a cancel."""

@@ -16,6 +16,7 @@ from typing import Any
 
 from textual.binding import Binding
 
+from forgelm_tui.cluster.kill_wait import DEFAULT_GRACE
 from forgelm_tui.control.client import ControlClient, ControlError
 from forgelm_tui.control.find import KnownRun
 from forgelm_tui.control.reconnect import connect_again
@@ -68,7 +69,10 @@ class AttachedRun:
 
     @property
     def grace(self) -> float:
-        return self.snapshot.stop.grace if self.snapshot.stop else 30.0
+        if self.snapshot.stop is not None:
+            return self.snapshot.stop.grace
+        # (a snapshot from a supervisor older than the field says nothing: its default)
+        return self.snapshot.grace if self.snapshot.grace is not None else DEFAULT_GRACE
 
     def subscribe(self, listener: Callable[[ev.Event], None]) -> None:
         self.listeners.append(listener)
