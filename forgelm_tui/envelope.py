@@ -7,6 +7,7 @@ secrets.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 from collections.abc import Iterable, Sequence
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from forgelm_tui import __version__
+from forgelm_tui.engine.crash import read_error_file
 from forgelm_tui.engine.records import (
     CancelRequest,
     DescendantRecord,
@@ -61,20 +63,8 @@ def verdict_dict(verdict: Verdict) -> dict[str, Any]:
 
 def _error_file(path: str) -> dict[str, Any] | None:
     """The root-cause record a ``@record``-decorated rank leaves in its error file."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
-    except (OSError, ValueError):
-        return None
-    message = data.get("message") if isinstance(data, dict) else None
-    if isinstance(message, dict):
-        extra = message.get("extraInfo") or {}
-        return {
-            "message": message.get("message"),
-            "traceback": extra.get("py_callstack") if isinstance(extra, dict) else None,
-            "timestamp": extra.get("timestamp") if isinstance(extra, dict) else None,
-        }
-    return {"message": message, "traceback": None, "timestamp": None}
+    found = read_error_file(path)
+    return None if found is None else dataclasses.asdict(found)
 
 
 def rank_dict(

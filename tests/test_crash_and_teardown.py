@@ -11,7 +11,13 @@ from pathlib import Path
 import pytest
 from conftest import rank_script, run_cli
 
-from forgelm_tui.engine.crash import TRAILING_LINES, from_error_file, from_stderr
+from forgelm_tui.engine.crash import (
+    TRAILING_LINES,
+    ErrorFile,
+    from_error_file,
+    from_stderr,
+    read_error_file,
+)
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -60,7 +66,12 @@ def test_the_error_file_names_the_exception(tmp_path: Path) -> None:
     path.write_text(json.dumps({"message": {"message": "RuntimeError: boom\nmore",
                                             "extraInfo": {"py_callstack": TRACEBACK}}}))
     assert from_error_file(str(path)) == ("RuntimeError", "boom")
+    # the envelope's ranks[].error reads the same file through the same reader
+    assert read_error_file(str(path)) == ErrorFile("RuntimeError: boom\nmore", TRACEBACK, None)
+    path.write_text(json.dumps({"message": "a bare message"}))
+    assert read_error_file(str(path)) == ErrorFile("a bare message")
     path.write_text("not json")
+    assert read_error_file(str(path)) is None
     assert from_error_file(str(path)) is None
     assert from_error_file(str(tmp_path / "missing.json")) is None
 

@@ -20,6 +20,8 @@ import json
 import os
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
 
 from forgelm_tui.engine.records import RankRecord
 from forgelm_tui.engine.sanitize import sanitize_line
@@ -46,15 +48,36 @@ def find_crash(error_file: str, stderr_log: str) -> tuple[str, str] | None:
     return from_error_file(error_file) or from_stderr(_tail(stderr_log))
 
 
-def from_error_file(path: str) -> tuple[str, str] | None:
+@dataclass(frozen=True)
+class ErrorFile:
+    """What a ``@record``-decorated rank left in its ``TORCHELASTIC_ERROR_FILE`` (torch's
+    ``{"message": {"message": ..., "extraInfo": {"py_callstack": ..., "timestamp": ...}}}``,
+    or a bare message): read here, and only here."""
+
+    message: Any
+    traceback: Any = None
+    timestamp: Any = None
+
+
+def read_error_file(path: str) -> ErrorFile | None:
+    """The rank's error file; None if it is missing or not JSON."""
     try:
         with open(path, encoding="utf-8", errors="replace") as handle:
             data = json.load(handle)
     except (OSError, ValueError):
         return None
     message = data.get("message") if isinstance(data, dict) else None
-    if isinstance(message, dict):
-        message = message.get("message")
+    if not isinstance(message, dict):
+        return ErrorFile(message)
+    extra = message.get("extraInfo") or {}
+    if not isinstance(extra, dict):
+        extra = {}
+    return ErrorFile(message.get("message"), extra.get("py_callstack"), extra.get("timestamp"))
+
+
+def from_error_file(path: str) -> tuple[str, str] | None:
+    found = read_error_file(path)
+    message = None if found is None else found.message
     if not isinstance(message, str) or not message.strip():
         return None
     return _split(message.strip().splitlines()[0])
