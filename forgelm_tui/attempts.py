@@ -102,7 +102,7 @@ class AttemptChain:
         """One attempt; an exception out of the engine still ends it with every rank stopped."""
         sup = self.supervisor
         try:
-            await sup.run(handle_signals=False)
+            await sup.run()
         except Exception as exc:
             sup.faults.caught(exc, "the supervisor's run")
             await asyncio.sleep(0)  # the fault settles: a stop if ranks still ran

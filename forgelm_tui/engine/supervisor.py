@@ -23,7 +23,6 @@ from forgelm_tui.engine.faults import FaultGuard, SupervisorError, listener_name
 from forgelm_tui.engine.guardian import Guardian
 from forgelm_tui.engine.held_forwards import HeldForwards
 from forgelm_tui.engine.output import OutputDrain
-from forgelm_tui.engine.own_signals import OwnSignals
 from forgelm_tui.engine.policy import HANG_UP, OUTSIDE_SIGNAL, Peers, StopPolicy, settings_for
 from forgelm_tui.engine.processes import RankProcesses
 from forgelm_tui.engine.progress import ProgressReader
@@ -123,7 +122,7 @@ class Supervisor:
 
     # ----------------------------------------------------------------- running
 
-    async def run(self, *, handle_signals: bool = True) -> None:
+    async def run(self) -> None:
         """Launch every rank and return once all have ended and their output is drained."""
         loop = asyncio.get_running_loop()
         self._done: asyncio.Future[None] = loop.create_future()
@@ -135,10 +134,7 @@ class Supervisor:
                                       self._on_samples, self._gpu, self._base_env)
         self.started_at = time.time()
         channel = self._open_channel(loop)
-        own_signals = OwnSignals(self, self.spec.forward_signals)
         try:
-            if handle_signals:
-                own_signals.install(loop)
             if self.before_launch is not None and self.stop is None:
                 await self.before_launch()
             self.emit(ev.RunStarted(self.spec.run_id, self.spec.world_size, self.spec.shown_argv,
@@ -151,7 +147,6 @@ class Supervisor:
             self._check_finished()
             await self._done
         finally:
-            own_signals.remove()
             self._timers.cancel_all()
             self._stacks.close()
             self._sampling.stop()
