@@ -161,6 +161,8 @@ class HeadlessView:
                 self.note(f"{signal_name(sig)} forwarded to rank(s) {_ranks(ranks)}")
             case ev.RunEscalated(reason=reason):
                 self.note(f"escalated: {reason}; SIGKILL to every rank still running")
+            case ev.GraceExtended(grace=grace, why=why):
+                self.note(f"grace now {grace:g} s: {why}")
             case ev.StacksCaptured():
                 for line in stacks_lines(event):
                     self.note(line)

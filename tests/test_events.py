@@ -65,6 +65,7 @@ EXAMPLES: list[Any] = [
     ev.RunFinished(5.0),
     ev.VerdictReached(VERDICT, "/runs/r1/envelope.json"),
     ev.RunEscalated("second cancel by operator: kill now", 4.5),
+    ev.GraceExtended(10.0, "preempted: GraceTime 5 s + SLURM KillWait 10 s, less 5 s", 4.25),
     ev.NodeChanged(1, "gpu-node-7", ev.NodeState.RUNNING, (RANK,), 4.75),
     ev.RunSnapshot("r1", 2, ("python",), "/runs/r1", 1.0, (RANK,), STOPPING, None,
                    ev.VerdictReached(VERDICT, None)),
@@ -183,3 +184,18 @@ def test_the_channel_protocol_decodes_what_it_can_and_drops_the_rest() -> None:
     for bad in (b"not json", b"[]", b'{"kind": "progress"}', b'{"rank": "0"}',
                 b'{"rank": true, "kind": "progress"}'):
         assert decode(bad) is None
+
+
+def test_a_grown_grace_moves_the_views_deadline_and_is_said() -> None:
+    """GraceExtended: the TUI's countdown moves to the new deadline at once (not at the next
+    StopCountdown) and a notice says why."""
+    clock = lambda: 104.0  # noqa: E731
+    model = RunModel("r1", ["python"], 2, clock)
+    model.apply(ev.RunStopping(StopKind.CANCEL, "cancelled by SIGTERM to the supervisor",
+                               "SIGTERM to the supervisor", 5.0, (0, 1), 100.0))
+    assert model.seconds_left() == pytest.approx(1.0)
+    why = "preempted: GraceTime 5 s + SLURM KillWait 10 s, less 5 s"
+    model.apply(ev.GraceExtended(10.0, why, 103.0))
+    assert model.seconds_left() == pytest.approx(6.0)
+    assert model.stop is not None and model.stop.grace == 10.0
+    assert model.notices[-1] == f"grace now 10 s: {why}"

@@ -252,6 +252,8 @@ def test_a_longer_scheduler_window_moves_the_kill_later_never_earlier() -> None:
     assert not h.policy.extend_grace(4.0, "shorter")
     assert h.policy.extend_grace(10.0, "preempted: GraceTime 5 s + SLURM KillWait 10 s, less 5 s")
     assert h.policy.seconds_left() == pytest.approx(8.0)
+    (grown,) = h.effects.of(ev.GraceExtended)  # every view is told (headless, TUI)
+    assert isinstance(grown, ev.GraceExtended) and grown.grace == 10.0
     h.advance(7.9)
     assert h.effects.signals(KILL) == []
     h.advance(0.2)

@@ -203,6 +203,8 @@ def test_preemption_is_one_graceful_stop_every_cleanup_finished(
         assert envelope["stop"]["grace_s"] == 10, envelope["stop"]
         assert envelope["stop"]["grace_from"] == (
             "preempted: GraceTime 5 s + SLURM KillWait 10 s, less 5 s"), envelope["stop"]
+    assert job.slurm_out().count(  # each node's headless line says it
+        "grace now 10 s: preempted: GraceTime 5 s + SLURM KillWait 10 s, less 5 s") == 2
     cleanups_finished(job)
     Job("urgent", urgent.split(";")[0], job.root, job.env).wait_end(60)
 

@@ -170,6 +170,16 @@ class RunEscalated:
 
 
 @dataclass(frozen=True)
+class GraceExtended:
+    """The stop under way got a longer grace (a preemption's window, known once slurmctld
+    named the cause): the SIGKILL moves later."""
+
+    grace: float  # seconds from the stop's start
+    why: str
+    at: float
+
+
+@dataclass(frozen=True)
 class StopCountdown:
     """Sent about once a second while a stop waits for ranks to end."""
 
@@ -360,6 +370,7 @@ Event = (
     | RankExited
     | RunStopping
     | RunEscalated
+    | GraceExtended
     | StopCountdown
     | RunStalled
     | StacksCaptured

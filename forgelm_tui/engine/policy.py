@@ -275,6 +275,7 @@ class StopPolicy:
         if self.live():
             self.timers.start("kill", max(0.0, stop.deadline_mono - self.clock()),
                               lambda: self.kill_pass(f"grace of {grace:g} s ended ({why})"))
+        self.effects.emit(ev.GraceExtended(grace, why, self.wall()))
         return True
 
     def adopt(self, stop: StopRecord) -> None:

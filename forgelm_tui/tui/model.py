@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.events import Purpose, RankState
@@ -180,6 +180,10 @@ class RunModel:
             case ev.RunStopping(live_ranks=live) as stopping:
                 self.state, self.stop, self.live_ranks = "stopping", stopping, live
                 self.stop_deadline = stopping.deadline_at
+            case ev.GraceExtended(grace=grace, why=why) if self.stop is not None:
+                self.stop = replace(self.stop, grace=grace)
+                self.stop_deadline = self.stop.deadline_at
+                self.notices.append(f"grace now {grace:g} s: {why}")
             case ev.StopCountdown(seconds_left=left, live_ranks=live):
                 self.stop_deadline, self.live_ranks = self.clock() + left, live
             case ev.RunStalled(seconds=seconds, ranks=ranks):
