@@ -112,3 +112,41 @@ def test_a_stopped_gloo_rank_frees_the_peer_waiting_on_it(tmp_path: Path, marks:
     # (rank 0's own exit races the supervisor's stop that rank 1's exit 2 begins: not asserted)
     assert run.envelope()["ranks"][1]["exit_code"] == 2
 
+
+
+def test_a_later_sigterm_never_ends_a_cleanup_under_way(tmp_path: Path) -> None:
+    """After the first SIGTERM every other is the same request, whenever it comes: the
+    supervisor's own copy seconds late on a loaded node, preemption's second SIGTERM GraceTime
+    later (slurmstepd signals every process of the step under linuxproc). The cleanup runs to
+    its end; only the grace's SIGKILL could cut it."""
+    script = tmp_path / "slow_cleanup.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "marks = sys.argv[1]\n"
+        "open(os.path.join(marks, 'ready'), 'w').close()\n"
+        "try:\n"
+        "    while True:\n"
+        "        time.sleep(0.02)\n"
+        "except Exception:\n"
+        "    open(os.path.join(marks, 'caught'), 'w').close()\n"
+        "    while not os.path.exists(os.path.join(marks, 'release')):\n"
+        "        time.sleep(0.02)\n"
+        "    open(os.path.join(marks, 'cleanup'), 'w').write('done')\n"
+        "    sys.exit(2)\n")
+    proc = subprocess.Popen([sys.executable, "-m", "forgelm_tui.rank.graceful", str(script),
+                             str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_for((tmp_path / "ready").exists, 30, "the program to be ready")
+        first = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        wait_for((tmp_path / "caught").exists, 30, "the stop to be raised")
+        wait_for(lambda: time.monotonic() > first + 1.5, 5, "1.5 s after the first SIGTERM")
+        for _ in range(2):
+            proc.send_signal(signal.SIGTERM)
+        (tmp_path / "release").write_text("")
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 2, err
+    assert (tmp_path / "cleanup").read_text() == "done"

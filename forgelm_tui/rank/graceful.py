@@ -6,10 +6,12 @@
 A program with no SIGTERM handler (ForgeLM 0.11.1) dies at once on SIGTERM: no ``except``,
 no ``finally``, no atexit, no audit event, no result. Under this runner the first SIGTERM raises
 :class:`GracefulStop` (an ``Exception``, so the program's own ``except Exception`` cleanup runs:
-ForgeLM writes ``pipeline.failed`` and its JSON result, then exits 2). A second SIGTERM within
-1 s of the first is the same request (a scheduler signals every process of the step, and
-slurmstepd sends SIGTERM, SIGCONT, SIGTERM at a time limit; the supervisor's own stop follows);
-a later one, or the supervisor's SIGKILL at the grace deadline, ends it the ordinary way.
+ForgeLM writes ``pipeline.failed`` and its JSON result, then exits 2). Every later SIGTERM is
+the same request, whenever it comes: a scheduler signals every process of the step (slurmstepd
+sends SIGTERM, SIGCONT, SIGTERM at a time limit, and with preemption's GraceTime another SIGTERM
+that much later), the supervisor's own stop follows (seconds later on a loaded node), and the
+runner cannot tell their senders apart; none may end a cleanup under way. The supervisor's
+SIGKILL at the grace deadline is what ends a cleanup that overruns.
 
 Nothing else changes: ``sys.argv``, ``__main__``, ``-m`` semantics, ``sys.path[0]`` and exit
 codes are what ``python [-m] program`` gives. If the exception is not caught, the process dies
@@ -53,7 +55,6 @@ class GracefulStop(Exception):
     """Raised in the main thread on the first SIGTERM."""
 
 
-SAME_REQUEST_S = 1.0  # a SIGTERM this soon after the first is the same request (a burst)
 RECHECK_S = 0.1  # how often a stop deferred by an exception being handled is tried again
 
 
@@ -75,11 +76,7 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
             _stop.recheck = False
             _raise_unless_cleaning_up()
             return
-        if time.monotonic() - _stop.first_at <= SAME_REQUEST_S:
-            return  # the same request in a burst
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a later one: the ordinary end
-        os.kill(os.getpid(), signal.SIGTERM)
-        return
+        return  # the same request: a burst, the scheduler's later copy, the supervisor's
     _stop.first_at = time.monotonic()
     _leave_collectives()
     default_channel().send(MessageKind.STOP_REQUESTED, signal="SIGTERM", via="graceful")
