@@ -93,8 +93,8 @@ def merge(base: dict[str, Any], finals: dict[int, dict[str, Any]], verdict: Verd
     if stop is not None:
         own = envelope.get("stop") or {}
         envelope["stop"] = {**own, **_stop_dict(stop)}
-        if own.get("grace_from"):  # this node's grace grew during the stop (a preemption)
-            envelope["stop"]["grace_s"] = own["grace_s"]
+        if "grace_s" in own:  # the grace this node's stop had: the agreed one's, or more if
+            envelope["stop"]["grace_s"] = own["grace_s"]  # it grew here (a preemption)
     envelope["root_cause_rank"] = verdict.deciding_rank if verdict.rule == 2 else None
     causes = [f["envelope"].get("root_cause_gpu") for _, f in sorted(finals.items())]
     envelope["root_cause_gpu"] = next(  # the root cause's node had it as its own root cause

@@ -50,13 +50,11 @@ def ignore_terminal_signals() -> None:
             signal.signal(sig, signal.SIG_IGN)
 
 
-# Blocked at the CLI's start, before the plan: the stop signals, SIGQUIT and the default forwards
-EARLY = early_signals.EARLY  # blocked from the console script's first line (console.py)
-
-
 def hold_early() -> None:
-    """At the CLI's start: the usual signals wait for the run's handlers (signal_inbox)."""
-    signal_inbox.hold_early(EARLY)
+    """At the CLI's start: the usual signals (``early_signals.EARLY``: the stop signals, SIGQUIT
+    and the default forwards, blocked from the console script's first line) wait for the run's
+    handlers (signal_inbox)."""
+    signal_inbox.hold_early(early_signals.EARLY)
 
 
 def take_senders(forward_signals: Sequence[int]) -> bool:
