@@ -109,8 +109,9 @@ def test_a_stopped_gloo_rank_frees_the_peer_waiting_on_it(tmp_path: Path, marks:
     for rank in range(2):
         assert (marks / f"cleanup-{rank}").read_text() == "done", rank
     assert (marks / "stopped-0").read_text() == "GracefulStop: stopped by SIGTERM"
-    # (rank 0's own exit races the supervisor's stop that rank 1's exit 2 begins: not asserted)
-    assert run.envelope()["ranks"][1]["exit_code"] == 2
+    # whichever ends first, its exit 2 begins a stop whose SIGTERM finds the other in its
+    # cleanup (the same request) or in its teardown (ignored): both keep their own exit code
+    assert [r["exit_code"] for r in run.envelope()["ranks"]] == [2, 2]
 
 
 

@@ -11,7 +11,8 @@ the same request, whenever it comes: a scheduler signals every process of the st
 sends SIGTERM, SIGCONT, SIGTERM at a time limit, and with preemption's GraceTime another SIGTERM
 that much later), the supervisor's own stop follows (seconds later on a loaded node), and the
 runner cannot tell their senders apart; none may end a cleanup under way. The supervisor's
-SIGKILL at the grace deadline is what ends a cleanup that overruns.
+SIGKILL at the grace deadline is what ends a cleanup that overruns. Once the program has ended,
+SIGTERM is ignored: the interpreter's teardown keeps the exit code the program chose.
 
 Nothing else changes: ``sys.argv``, ``__main__``, ``-m`` semantics, ``sys.path[0]`` and exit
 codes are what ``python [-m] program`` gives. If the exception is not caught, the process dies
@@ -43,7 +44,6 @@ import runpy
 import signal
 import sys
 import threading
-import time
 from types import FrameType
 
 from forgelm_tui.channel import MessageKind
@@ -59,9 +59,9 @@ RECHECK_S = 0.1  # how often a stop deferred by an exception being handled is tr
 
 
 class _Stop:
-    """The runner's one stop request: when it came, whether it was raised, what is due."""
+    """The runner's one stop request: whether it came, whether it was raised, what is due."""
 
-    first_at: float | None = None
+    requested = False
     raised = False
     recheck = False  # the next SIGTERM is the runner's own re-delivery
     done = False  # the program has ended: nothing is raised any more
@@ -71,13 +71,12 @@ _stop = _Stop()
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    if _stop.first_at is not None:
-        if _stop.recheck:  # the runner's own re-delivery of a deferred stop
+    if _stop.requested:  # the same request: a burst, a scheduler's later copy, the supervisor's
+        if _stop.recheck:  # ... or the runner's own re-delivery of a deferred stop
             _stop.recheck = False
             _raise_unless_cleaning_up()
-            return
-        return  # the same request: a burst, the scheduler's later copy, the supervisor's
-    _stop.first_at = time.monotonic()
+        return
+    _stop.requested = True
     _leave_collectives()
     default_channel().send(MessageKind.STOP_REQUESTED, signal="SIGTERM", via="graceful")
     _raise_unless_cleaning_up()
@@ -148,6 +147,10 @@ def main(argv: list[str]) -> None:
         _die_of_sigterm()
     finally:
         _stop.done = True
+        # The program has ended; its exit code is final. The interpreter puts SIGTERM's default
+        # action back during its teardown (a ForgeLM rank's lasts ~1.5 s): a stop's SIGTERM that
+        # came then turned "exited 2" into "killed by SIGTERM". Ignored, it changes nothing.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 if __name__ == "__main__":
