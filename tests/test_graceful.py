@@ -124,8 +124,8 @@ def test_a_later_sigterm_never_ends_a_cleanup_under_way(tmp_path: Path) -> None:
     script.write_text(
         "import os, sys, time\n"
         "marks = sys.argv[1]\n"
-        "open(os.path.join(marks, 'ready'), 'w').close()\n"
-        "try:\n"
+        "try:  # ready inside the try: a SIGTERM right after the mark is caught\n"
+        "    open(os.path.join(marks, 'ready'), 'w').close()\n"
         "    while True:\n"
         "        time.sleep(0.02)\n"
         "except Exception:\n"

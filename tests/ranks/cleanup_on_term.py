@@ -9,8 +9,8 @@ import time
 
 marks = sys.argv[1]
 rank = os.environ.get("RANK", "0")
-open(os.path.join(marks, f"ready-{rank}"), "w").close()
-try:
+try:  # ready inside the try: a stop right after the mark is still caught
+    open(os.path.join(marks, f"ready-{rank}"), "w").close()
     while True:
         time.sleep(0.05)
 except Exception as exc:  # ForgeLM: audit pipeline.failed, print the JSON result, exit 2

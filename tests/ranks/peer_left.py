@@ -35,14 +35,16 @@ def cleanup() -> None:
 dist.init_process_group("gloo")
 value = torch.ones(1)
 dist.all_reduce(value)
-mark("ready", str(os.getpid()))
 if rank == 0:
+    mark("ready", str(os.getpid()))
     try:
         dist.all_reduce(value)  # rank 1 never comes
     except Exception as exc:
         mark("caught", f"{type(exc).__name__}: {exc}")
         cleanup()  # the SIGTERM the test sends now waits for the end of this
 try:
+    if rank == 1:  # inside the try: the test's SIGTERM may come right after the mark
+        mark("ready", str(os.getpid()))
     while True:
         time.sleep(0.02)
 except Exception as exc:
