@@ -42,7 +42,8 @@ def run_id(run_dir: Path) -> str:
 def test_attach_cancel_from_the_viewer(term: Terminal, tmp_path: Path, marks: Path) -> None:
     proc, run_dir = headless(tmp_path, marks)
     term.start(["attach", str(run_dir)], raw=True)
-    screen = term.wait_screen(r"RUNNING")
+    # the whole first screen, not its header alone (a frame can show the header first)
+    screen = term.wait_screen(r"(?s)(?=.*rank 0 ready)(?=.*rank 1 ready).*RUNNING")
     assert "rank 0 ready" in screen and "rank 1 ready" in screen  # the logs so far, from files
     assert re.search(r"^ forgelm-tui --no-tui ", screen, re.M)  # the command, as the run's own
     term.press("c")

@@ -20,7 +20,8 @@ if shutil.which("tmux") is None:  # CI installs it (.ci/run); a bare dev machine
 
 def test_awaiting_approval_verdict_and_q(term: Terminal) -> None:
     term.start(["--nproc-per-node", "2", rank_script("exit_with.py"), "4", "--sleep", "2"])
-    screen = term.wait_screen(r"RUNNING")
+    # the rank rows, not the header alone (a frame can show the header first)
+    screen = term.wait_screen(r"(?sm)RUNNING.*^\s*1\s+1\s+\d+\s+running")
     assert re.search(r"^\s*0\s+0\s+\d+\s+running", screen, re.M)
     assert re.search(r"^\s*1\s+1\s+\d+\s+running", screen, re.M)
     term.wait_screen(r"exit 4 AWAITING_APPROVAL\s+model staged")
