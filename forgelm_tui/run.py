@@ -21,6 +21,7 @@ from forgelm_tui.control.server import serving
 from forgelm_tui.ending import RunEnding
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.guardian import Guardian
+from forgelm_tui.engine.loop import new_loop
 from forgelm_tui.engine.own_signals import OwnSignals, take_senders
 from forgelm_tui.engine.records import CancelRequest, CancelSource
 from forgelm_tui.engine.signal_inbox import Sender
@@ -207,7 +208,8 @@ def execute(plan: Plan) -> int:
     view = HeadlessView(sink)
     session.subscribe(view)
     try:
-        ending = asyncio.run(_run_then_ignore_signals(session))
+        with asyncio.Runner(loop_factory=new_loop) as runner:  # a rank's exit first
+            ending = runner.run(_run_then_ignore_signals(session))
     except Exception as exc:  # past every other net: the guardian stops every rank group
         guardian.abandon()
         sink.close()

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import rank_script, run_cli, start, wait_for
+from conftest import make_plan, rank_script, run_cli, start, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -150,3 +150,39 @@ def test_headless_lines_for_engine_events() -> None:
     assert "stopping: rank 0 ended on SIGUSR1; SIGTERM sent to rank(s) 1, SIGKILL in 30 s" in text
     assert "rank 0 killed by SIGRTMIN+6" in text
     assert "rank 1 reported SIGTERM from outside forgelm-tui (stopped at step 7)" in text
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("loop", ["exits first", "kernel order"])
+def test_a_ranks_last_words_come_before_its_exit_whatever_the_loop(tmp_path: Path,
+                                                                    loop: str) -> None:
+    """The run's loop takes a rank's pidfd before its pipes (engine/loop.py) and the exit
+    handler reads what the rank left in them: views still see every last line, the one with
+    no newline too, before the rank's exit, and the stop it caused after; a plain loop, which
+    keeps the kernel's order, gives the same events."""
+    import asyncio
+
+    from forgelm_tui.engine import events as ev
+    from forgelm_tui.engine.loop import new_loop
+    from forgelm_tui.run import Session
+
+    session = Session(make_plan(tmp_path, [sys.executable, rank_script("last_words.py")], 2))
+    seen: list[ev.Event] = []
+    session.subscribe(seen.append)
+    factory = new_loop if loop == "exits first" else asyncio.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        ending = runner.run(session.run())
+    assert ending.verdict.code == 2 and ending.verdict.deciding_rank == 1
+    order = [e for e in seen if getattr(e, "rank", None) == 1
+             and isinstance(e, (ev.RankOutput, ev.RankExited))]
+    exited = next(i for i, e in enumerate(order) if isinstance(e, ev.RankExited))
+    assert exited == len(order) - 1, "output of rank 1 after its exit"
+    lines = [line for e in order[:exited] if isinstance(e, ev.RankOutput)
+             for line in e.lines]
+    assert lines.count("ValueError: the end") == 1
+    assert sum(1 for line in lines if line.endswith("of the last words")) == 2000
+    assert "no newline at the very end" in lines
+    stops = [i for i, e in enumerate(seen) if isinstance(e, ev.RunStopping)]
+    assert stops and stops[0] > seen.index(order[exited])
+    log = (session.plan.spec.run_dir / "rank-1.stdout.log").read_bytes()
+    assert log.endswith(b"no newline at the very end") and log.count(b"\n") == 2000

@@ -9,7 +9,6 @@ import re
 import tempfile
 import threading
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -21,6 +20,7 @@ from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.output import OutputDrain
 from forgelm_tui.engine.progress import ProgressReader
 from forgelm_tui.engine.sanitize import MAX_LINE_CHARS, LineSplitter, sanitize_line
+from forgelm_tui.engine.spawn import OutputPipes
 
 pytestmark = pytest.mark.timeout(120)
 PROPERTY = settings(derandomize=True, max_examples=200, deadline=None)
@@ -86,8 +86,7 @@ def _drain(chunk_list: list[bytes], run_dir: Path) -> tuple[bytes, list[Any]]:
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     os.close(err_w)
-    proc = SimpleNamespace(stdout=os.fdopen(out_r, "rb", buffering=0),
-                           stderr=os.fdopen(err_r, "rb", buffering=0))
+    pipes = OutputPipes(out_r, err_r, [])  # the writer holds the only write end
     loop = asyncio.new_event_loop()
     events: list[Any] = []
     closed: list[int] = []
@@ -105,7 +104,7 @@ def _drain(chunk_list: list[bytes], run_dir: Path) -> tuple[bytes, list[Any]]:
     drain = OutputDrain(loop, events.append, ProgressReader(events.append), on_closed)
     try:
         with drain.logs_for(record) as logs:
-            drain.attach(record, proc, logs)  # type: ignore[arg-type]
+            drain.attach(record, pipes, logs)
         writer = threading.Thread(target=write)
         writer.start()
         loop.call_later(30, loop.stop)  # a deadline, never reached when the drain works

@@ -18,10 +18,8 @@ import asyncio
 import contextlib
 import functools
 import os
-import subprocess
 import time
 from collections.abc import Callable, Iterator
-from typing import IO
 
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.events import Stream
@@ -29,6 +27,7 @@ from forgelm_tui.engine.logfile import LogFile, LogLoss
 from forgelm_tui.engine.progress import ProgressReader
 from forgelm_tui.engine.records import STDERR_TAIL_LINES, Evidence, RankRecord
 from forgelm_tui.engine.sanitize import MAX_PENDING_BYTES, LineSplitter
+from forgelm_tui.engine.spawn import OutputPipes
 from forgelm_tui.private_files import open_private
 
 READ_CHUNK = 1 << 16
@@ -44,7 +43,8 @@ class OutputDrain:
         self._progress = progress
         self._on_closed = on_closed
         self._log_fds: dict[int, LogFile] = {}  # pipe fd -> its log
-        self._pipes: dict[int, IO[bytes]] = {}  # pipe fd -> the pipe, closed once, by us
+        self._streams: dict[int, tuple[RankRecord, Stream, LineSplitter]] = {}  # pipe fd ->
+        self._pipes: dict[int, OutputPipes] = {}  # rank -> its pipes (fds closed once, by us)
 
     @property
     def open(self) -> bool:
@@ -66,31 +66,43 @@ class OutputDrain:
             os.close(err_fd)
             raise
 
-    def attach(self, record: RankRecord, proc: subprocess.Popen[bytes],
-               logs: tuple[int, int]) -> None:
-        assert proc.stdout is not None and proc.stderr is not None
-        for pipe, stream, log_fd, path in (
-                (proc.stdout, Stream.STDOUT, logs[0], record.stdout_log),
-                (proc.stderr, Stream.STDERR, logs[1], record.stderr_log)):
-            fd = pipe.fileno()
-            self._pipes[fd] = pipe
+    def attach(self, record: RankRecord, pipes: OutputPipes, logs: tuple[int, int]) -> None:
+        self._pipes[record.rank] = pipes
+        for fd, stream, log_fd, path in (
+                (pipes.stdout, Stream.STDOUT, logs[0], record.stdout_log),
+                (pipes.stderr, Stream.STDERR, logs[1], record.stderr_log)):
             self._log_fds[fd] = LogFile(log_fd, record.rank, stream.value, path,
                                         on_loss=functools.partial(self._not_kept, record))
-            self._loop.add_reader(fd, self._readable, record, stream, fd, LineSplitter())
+            splitter = LineSplitter()
+            self._streams[fd] = (record, stream, splitter)
+            self._loop.add_reader(fd, self._readable, record, stream, fd, splitter)
+
+    def read_rest(self, record: RankRecord, most: int) -> None:
+        """The rank was reaped: let its pipes end (OutputPipes) and read what it left in them
+        now, up to ``most`` bytes a pipe (what one holds: a descendant's is read as usual)."""
+        pipes = self._pipes.get(record.rank)
+        if pipes is not None:
+            pipes.release_writers()
+        for fd, (owner, stream, splitter) in list(self._streams.items()):
+            if owner is record:
+                for _ in range(most // READ_CHUNK + 2):
+                    if not self._readable(record, stream, fd, splitter):
+                        break
 
     def _readable(self, record: RankRecord, stream: Stream, fd: int,
-                  splitter: LineSplitter) -> None:
+                  splitter: LineSplitter) -> bool:
+        """One read; whether it found data (False: nothing now, or the end)."""
         try:
             data = os.read(fd, READ_CHUNK)
         except BlockingIOError:
-            return
+            return False
         except OSError:
             data = b""
         if not data:
             self._close(fd)
             self._deliver(record, stream, splitter.flush())
             self._on_closed()
-            return
+            return False
         self._log_fds[fd].write(data)
         if stream is Stream.STDOUT:
             record.stdout_bytes += len(data)
@@ -103,6 +115,7 @@ class OutputDrain:
         tail = data[data.rfind(b"\n") + 1 :]
         if b"\r" in tail:  # a bar redrawn in place: its latest state, raw (a nested bar's
             self._progress.read_output(record, tail)  # cursor-up tells it apart)
+        return True
 
     def _deliver(self, record: RankRecord, stream: Stream, block: bytes | None) -> None:
         if block is None:
@@ -121,15 +134,19 @@ class OutputDrain:
 
     def _close(self, fd: int) -> None:
         self._loop.remove_reader(fd)
-        pipe = self._pipes.pop(fd, None)
-        if pipe is not None:
+        entry = self._streams.pop(fd, None)
+        if entry is not None:
             with contextlib.suppress(OSError):
-                pipe.close()
+                os.close(fd)
+            pipes = self._pipes[entry[0].rank]
+            if not any(other in self._streams for other in (pipes.stdout, pipes.stderr)):
+                pipes.release_writers()  # both read ends closed: nothing left of its pipes
         log = self._log_fds.pop(fd, None)
         if log is not None:
             log.close()
 
     def close_all(self) -> None:
-        for fd in list(self._pipes):
+        for fd in list(self._streams):
             self._close(fd)
-
+        for pipes in self._pipes.values():
+            pipes.release_writers()

@@ -14,8 +14,15 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from forgelm_tui.engine.guardian import Guardian
+from forgelm_tui.engine.loop import exits_first
 from forgelm_tui.engine.records import RankRecord
-from forgelm_tui.engine.spawn import group_alive, signal_group, signal_process, spawn_rank
+from forgelm_tui.engine.spawn import (
+    OutputPipes,
+    group_alive,
+    signal_group,
+    signal_process,
+    spawn_rank,
+)
 
 ExitHandler = Callable[[RankRecord, int], None]
 
@@ -29,15 +36,16 @@ class RankProcesses:
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
 
     def start(self, record: RankRecord, argv: tuple[str, ...], env: Mapping[str, str],
-              cwd: Path | None, pipe_size: int) -> subprocess.Popen[bytes]:
-        """Spawn the rank; its exit arrives later through ``on_exit`` (OSError if it cannot)."""
-        proc = spawn_rank(argv, env, cwd, pipe_size=pipe_size)
+              cwd: Path | None, pipe_size: int) -> tuple[int, OutputPipes]:
+        """Spawn the rank (its pid, its output); its exit arrives later through ``on_exit``
+        (OSError if it cannot)."""
+        proc, pipes = spawn_rank(argv, env, cwd, pipe_size=pipe_size)
         if self._guardian is not None:
             self._guardian.watch(proc.pid)
         record.mark_started(proc.pid)
         self.procs[record.rank] = proc
         self._watch_exit(record, proc)
-        return proc
+        return proc.pid, pipes
 
     def _watch_exit(self, record: RankRecord, proc: subprocess.Popen[bytes]) -> None:
         """Exit as an event: a pidfd becomes readable when the process ends."""
@@ -53,14 +61,22 @@ class RankProcesses:
             threading.Thread(target=wait, name=f"wait-rank-{record.rank}", daemon=True).start()
             return
         loop.add_reader(pidfd, self._exited, record, pidfd)
+        exits_first(loop, pidfd)
 
     def _exited(self, record: RankRecord, pidfd: int | None) -> None:
-        if pidfd is not None:
-            self._loop.remove_reader(pidfd)
-            os.close(pidfd)
+        """Reap, tell (the peers' SIGTERM goes out there), then forget the pidfd."""
         proc = self.procs[record.rank]
-        returncode = proc.poll()
-        self._on_exit(record, proc.wait() if returncode is None else returncode)
+        returncode = proc.returncode if pidfd is None else _reap(pidfd)
+        if returncode is None:  # reaped elsewhere (cannot happen: the ranks are ours alone)
+            returncode = proc.wait()
+        proc.returncode = returncode  # Popen knows it ended: no ResourceWarning, no waitpid
+        try:
+            self._on_exit(record, returncode)
+        finally:
+            if pidfd is not None:
+                self._loop.remove_reader(pidfd)
+                exits_first(self._loop, pidfd, False)
+                os.close(pidfd)
 
     def signal(self, record: RankRecord, sig: int, *, group: bool) -> bool:
         """Signal the rank's process group (stops, kills) or its main process (forwards)."""
@@ -79,3 +95,14 @@ class RankProcesses:
             for record in records:
                 if record.pid is not None:
                     self._guardian.forget(record.pid)
+
+
+def _reap(pidfd: int) -> int | None:
+    """The ended process's returncode, as Popen gives it (-N: killed by signal N)."""
+    try:
+        info = os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOHANG)
+    except ChildProcessError:
+        return None
+    if info is None:
+        return None
+    return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status

@@ -16,6 +16,7 @@ import fcntl
 import os
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from forgelm_tui.engine.signal_inbox import children_unblocked
@@ -55,31 +56,60 @@ def set_child_subreaper() -> bool:
     return _PRCTL is not None and _PRCTL(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
 
 
+@dataclass
+class OutputPipes:
+    """A rank's stdout and stderr: the read ends (non-blocking), and the supervisor's own copy of
+    each write end, held until the rank is reaped. The rank's exit then closes no pipe: the loop
+    wakes once, for its pidfd, not first for two EOFs that would take the exiting rank's CPU
+    (the peers' SIGTERM waited on both); once the writers are released, the EOF comes as soon as
+    nothing else (a rank's descendant) holds them."""
+
+    stdout: int
+    stderr: int
+    writers: list[int]
+
+    def release_writers(self) -> None:
+        while self.writers:
+            os.close(self.writers.pop())
+
+    def close(self) -> None:
+        self.release_writers()
+        for fd in (self.stdout, self.stderr):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
 def spawn_rank(
     argv: Sequence[str],
     env: Mapping[str, str],
     cwd: Path | None,
     pipe_size: int = PIPE_DEFAULT,
-) -> subprocess.Popen[bytes]:
-    """Start one rank in its own session with non-blocking stdout/stderr pipes."""
-    with children_unblocked():  # the rank gets no signal blocked (engine/signal_inbox.py)
-        proc = subprocess.Popen(
-            list(argv),
-            env=dict(env),
-            cwd=cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            close_fds=True,
-        )
-    for pipe in (proc.stdout, proc.stderr):
-        assert pipe is not None
-        os.set_blocking(pipe.fileno(), False)
-        if pipe_size > PIPE_DEFAULT and _F_SETPIPE_SZ is not None:
-            with contextlib.suppress(OSError):  # EPERM at the user's limit: keep the default
-                fcntl.fcntl(pipe.fileno(), _F_SETPIPE_SZ, pipe_size)
-    return proc
+) -> tuple[subprocess.Popen[bytes], OutputPipes]:
+    """Start one rank in its own session with its output in pipes (OutputPipes)."""
+    out_r, out_w = os.pipe2(os.O_CLOEXEC)
+    err_r, err_w = os.pipe2(os.O_CLOEXEC)  # the rank's fds 1 and 2 are dup2'd: no CLOEXEC
+    pipes = OutputPipes(out_r, err_r, [out_w, err_w])
+    try:
+        for fd in (out_r, err_r):
+            os.set_blocking(fd, False)  # the read ends only: the rank writes as ever
+            if pipe_size > PIPE_DEFAULT and _F_SETPIPE_SZ is not None:
+                with contextlib.suppress(OSError):  # EPERM at the user's limit: the default
+                    fcntl.fcntl(fd, _F_SETPIPE_SZ, pipe_size)
+        with children_unblocked():  # the rank gets no signal blocked (signal_inbox.py)
+            proc = subprocess.Popen(
+                list(argv),
+                env=dict(env),
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=out_w,
+                stderr=err_w,
+                start_new_session=True,
+                close_fds=True,
+            )
+    except BaseException:
+        pipes.close()
+        raise
+    return proc, pipes
 
 
 def signal_group(pgid: int, sig: int) -> bool:

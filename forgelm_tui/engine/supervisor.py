@@ -73,6 +73,7 @@ class Supervisor:
         self._stacks = StackCapture(spec.run_dir, self._signal_for_stacks, self.emit,
                                     deadline=spec.stacks_deadline, py_spy=find_py_spy())
         self._launched = False
+        self._pipe_size = 0  # set at the launch, from the spec the join settled
         self._ranks_gone = False
         self._local_done = False
         self._finishing = False
@@ -175,23 +176,23 @@ class Supervisor:
 
     def _spawn_all(self, channel: ChannelServer | None) -> None:
         self._launched = True
+        self._pipe_size = pipe_capacity(self.spec.nproc_per_node)
         if self.stop is not None:
             return  # cancelled before the launch: no rank is started
         extra = {CHANNEL_ENV: channel.name, STACKS_ENV: str(STACKS_SIGNAL)} if channel else {}
-        pipe_size = pipe_capacity(self.spec.nproc_per_node)
         for record in self.records.values():
             env = {**rank_env(self.spec, record.local_rank, self._base_env), **extra}
             try:
                 with self._drain.logs_for(record) as logs:  # open first: no rank without logs
-                    proc = self._processes.start(record, self.spec.argv, env, self.spec.cwd,
-                                                 pipe_size)
-                self._drain.attach(record, proc, logs)
+                    pid, pipes = self._processes.start(record, self.spec.argv, env,
+                                                       self.spec.cwd, self._pipe_size)
+                self._drain.attach(record, pipes, logs)
             except OSError as exc:
                 self.launch_error = f"cannot start rank {record.rank}: {exc.strerror or exc}"
                 self._policy.launch_failed(self.launch_error)
                 return
             self._sampling.add(record)
-            self.emit(ev.RankStarted(record.rank, record.local_rank, proc.pid,
+            self.emit(ev.RankStarted(record.rank, record.local_rank, pid,
                                      record.started_at or time.time()))
             self.rank_changed(record)
 
@@ -215,10 +216,16 @@ class Supervisor:
     def _on_exit(self, record: RankRecord, returncode: int) -> None:
         record.mark_exit(returncode)
         with self._signals_first() as held:
+            before = len(held)
             self._policy.rank_ended(record)  # may SIGTERM every peer: before any view work
-            held.insert(0, ev.RankExited(record.rank, record.exit_code, record.signal,
-                                         record.signalled_first, record.ended_at or time.time()))
-            # the exit first: it is what caused the rest
+            caused = held[before:]
+            del held[before:]
+            # then what the rank wrote last (its pidfd came first: engine/loop.py), its exit,
+            # and what the exit caused
+            self._drain.read_rest(record, self._pipe_size)
+            held.append(ev.RankExited(record.rank, record.exit_code, record.signal,
+                                      record.signalled_first, record.ended_at or time.time()))
+            held.extend(caused)
             self.rank_changed(record)
         self._check_finished()
 

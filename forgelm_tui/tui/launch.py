@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import sys
@@ -11,6 +12,7 @@ from textual.app import App
 
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.guardian import Guardian
+from forgelm_tui.engine.loop import new_loop
 from forgelm_tui.engine.own_signals import take_senders
 from forgelm_tui.headless import ending_notes, log_not_kept_text
 from forgelm_tui.internal_error import report_internal_error
@@ -28,7 +30,8 @@ def execute_tui(plan: Plan) -> int:
     session.supervisor.hangup_origin = app.hangup_origin
     session.subscribe(storage_notice(app))
     try:
-        code = app.run()
+        with asyncio.Runner(loop_factory=new_loop) as runner:  # a rank's exit first
+            code = runner.run(app.run_async())
     finally:
         if session.ending is None:
             guardian.abandon()  # the view died mid-run: the guardian stops every rank group
