@@ -13,7 +13,7 @@ import pytest
 from forgelm_job import job_env, make_job, recording_cli_cmd
 
 STEP = re.compile(r"\|\s*([2-9]|[1-9]\d+)/\d+ \[")  # HF's tqdm bar past its first step
-STEPS = 40  # the approval run: evaluated and saved every 10 steps
+STEPS = 20  # the approval run: evaluated and saved every 10 steps
 pytestmark = [pytest.mark.forgelm, pytest.mark.timeout(240)]
 
 
