@@ -29,7 +29,7 @@ from forgelm_tui.plan import RunInfo
 from forgelm_tui.private_files import error_text, make_private_dir, open_private
 from forgelm_tui.redact import redact_argv, redact_text
 from forgelm_tui.signames import signal_name
-from forgelm_tui.storage import note_not_written, storage_section
+from forgelm_tui.storage import storage_section, with_not_written
 from forgelm_tui.verdict import Verdict
 
 SCHEMA = "forgelm-tui/envelope/v1"
@@ -126,8 +126,8 @@ def rank_dict(
         "error": _error_file(record.error_file) if failed else None,
         "exception": None if record.crash is None else {
             "type": record.crash[0], "message": record.crash[1]},
-        "collateral": verdict is not None and record.rank in verdict.collateral,
-        "failed_after_rank0_exit": verdict is not None and record.rank in verdict.after_rank0_exit,
+        **(verdict.rank_marks(record.rank) if verdict is not None
+           else {"collateral": False, "failed_after_rank0_exit": False}),
         "forgelm_result": result,
     }
 
@@ -143,14 +143,45 @@ def _stacks(record: RankRecord) -> dict[str, Any]:
     }
 
 
-def build_without_attempts(info: RunInfo, verdict: Verdict,
+@dataclasses.dataclass(frozen=True)
+class Restarts:
+    """The run beyond the attempt an envelope describes (``--max-restarts``)."""
+
+    max_restarts: int = 0
+    restart_count: int = 0
+    attempts: tuple[dict[str, Any], ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class RunFrame:
+    """The envelope's facts beside the plan (RunInfo) and the ranks: when and where the run (or
+    the attempt) ran, its pre-launch error, and what only the end of a run knows: a cancel
+    between two attempts, an internal error, the attempts, the nodes' agreement. Given to
+    :func:`build` whole: nothing is added to an envelope once it is built."""
+
+    started_at: float | None = None
+    ended_at: float | None = None
+    run_dir: str | None = None
+    error: str | None = None
+    cancelled_between: dict[str, Any] | None = None  # when the attempt itself had no cancel
+    supervisor_error: dict[str, Any] | None = None
+    restarts: Restarts | None = None  # None: an attempt's own envelope (its ``attempts`` entry)
+    agreement: dict[str, Any] | None = None  # multi-node, decided without agreement
+
+    @property
+    def duration(self) -> float | None:
+        if self.started_at is None or self.ended_at is None:
+            return None
+        return round(self.ended_at - self.started_at, 3)
+
+
+def build_without_attempts(info: RunInfo, verdict: Verdict, error: str | None = None,
                            supervisor_error: dict[str, Any] | None = None) -> dict[str, Any]:
     """The envelope of a run that started no attempt (a pre-launch error, an internal error
     before or around the launch): no ranks, no restarts."""
-    envelope = build(info, verdict)
-    envelope.update(supervisor_error=supervisor_error, max_restarts=info.max_restarts,
-                    restart_count=0, attempts=[])
-    return envelope
+    return build(info, verdict, frame=RunFrame(
+        run_dir=info.run_dir, error=error, supervisor_error=supervisor_error,
+        restarts=Restarts(max_restarts=info.max_restarts)))
 
 
 def build(
@@ -158,6 +189,7 @@ def build(
     verdict: Verdict,
     records: Iterable[RankRecord] = (),
     *,
+    frame: RunFrame,
     stop: StopRecord | None = None,
     cancels: Sequence[CancelRequest] = (),
     forwards: Sequence[ForwardRequest] = (),
@@ -168,10 +200,8 @@ def build(
     """The envelope as a JSON-ready dict."""
     results = results or {}
     ranks = sorted(records, key=lambda r: r.rank)
-    duration = None
-    if info.started_at is not None and info.ended_at is not None:
-        duration = round(info.ended_at - info.started_at, 3)
     cancel = cancels[0] if cancels else None
+    restarts = frame.restarts
     envelope: dict[str, Any] = {
         "schema": SCHEMA,
         "tool": {"name": "forgelm-tui", "version": __version__},
@@ -179,7 +209,7 @@ def build(
         "run_id": info.run_id,
         **verdict_dict(verdict),
         "contract": info.contract.value,
-        "error": None if info.error is None else redact_text(info.error),
+        "error": None if frame.error is None else redact_text(frame.error),
         "cancelled": {
             "by": cancel.origin,
             "signal": _sig_name(cancel.signal),
@@ -188,7 +218,7 @@ def build(
             "source": cancel.source.value,
         }
         if cancel
-        else None,
+        else frame.cancelled_between,
         "stop": {
             "kind": stop.kind.value,
             "reason": stop.reason,
@@ -220,11 +250,11 @@ def build(
             "stall_timeout_s": info.stall_timeout,
             "graceful": info.graceful,
         },
-        "run_dir": info.run_dir,
+        "run_dir": frame.run_dir,
         "job_config": info.job_config,
-        "started_at": iso(info.started_at),
-        "ended_at": iso(info.ended_at),
-        "duration_s": duration,
+        "started_at": iso(frame.started_at),
+        "ended_at": iso(frame.ended_at),
+        "duration_s": frame.duration,
         "cancel_requests": [
             {"source": c.source.value, "by": c.origin, "signal": _sig_name(c.signal),
              "at": iso(c.at), "effect": c.effect,
@@ -239,9 +269,9 @@ def build(
             for f in forwards
         ],
         "descendants": [descendant_dict(d) for d in descendants],
-        "root_cause_rank": verdict.deciding_rank if verdict.rule == 2 else None,
+        "root_cause_rank": verdict.root_cause_rank,
         "root_cause_gpu": last_gpu_sample(next(
-            (r for r in ranks if verdict.rule == 2 and r.rank == verdict.deciding_rank), None)),
+            (r for r in ranks if r.rank == verdict.root_cause_rank), None)),
         "outside_signal": _outside_signal(ranks),
         "storage": storage_section(ranks),
         "result": results.get(0),
@@ -249,6 +279,13 @@ def build(
             rank_dict(r, _failed(r), results.get(r.rank), verdict)
             for r in ranks
         ],
+        "supervisor_error": frame.supervisor_error,
+        **({} if restarts is None else {
+            "max_restarts": restarts.max_restarts,
+            "restart_count": restarts.restart_count,
+            "attempts": list(restarts.attempts),
+        }),
+        **({} if frame.agreement is None else {"agreement": frame.agreement}),
     }
     return envelope
 
@@ -313,13 +350,15 @@ def write_atomic(path: Path, envelope: dict[str, Any]) -> None:
 
 def write_all(paths: Iterable[Path], envelope: dict[str, Any]) -> list[str]:
     """Write to every destination; returns the errors (one line each) for those that failed."""
-    return write_each(paths, envelope)[1]
+    return write_each(paths, envelope)[2]
 
 
-def write_each(paths: Iterable[Path], envelope: dict[str, Any]) -> tuple[list[str], list[str]]:
+def write_each(paths: Iterable[Path], envelope: dict[str, Any]
+               ) -> tuple[dict[str, Any], list[str], list[str]]:
     """Write to every destination, each on its own: one that fails never stops the others.
-    Returns the paths written and one error line for each that was not. When some failed,
-    the copies that were written say so (``storage.envelope_not_written``)."""
+    Returns the envelope as written (when some failed, the copies that were written say so:
+    ``storage.envelope_not_written``; so does what goes to stdout), the paths written, and
+    one error line for each that was not."""
     written: list[str] = []
     errors: list[str] = []
     failed: list[dict[str, str]] = []
@@ -331,11 +370,9 @@ def write_each(paths: Iterable[Path], envelope: dict[str, Any]) -> tuple[list[st
             failed.append({"path": str(path), "error": error_text(exc)})
         else:
             written.append(str(path))
-    if failed and written:
-        note_not_written(envelope, failed)
+    if failed:
+        envelope = with_not_written(envelope, failed)
         for done in written:
             with contextlib.suppress(OSError):  # the first copy stands
                 write_atomic(Path(done), envelope)
-    elif failed:
-        note_not_written(envelope, failed)  # for stdout (--output-format json)
-    return written, errors
+    return envelope, written, errors

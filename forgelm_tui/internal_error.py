@@ -21,8 +21,8 @@ def report_internal_error(plan: Plan, exc: BaseException, say: Callable[[str], N
     error = describe_exception(exc, "forgelm-tui")
     verdict = fault_verdict(error)
     envelope = env_mod.build_without_attempts(plan.info, verdict,
-                                              error.to_dict(iso(error.at)))
-    written, errors = env_mod.write_each(plan.envelope_paths, envelope)
+                                              supervisor_error=error.to_dict(iso(error.at)))
+    envelope, written, errors = env_mod.write_each(plan.envelope_paths, envelope)
     where = RunEnding(verdict, envelope, None, tuple(errors), tuple(written)).where_line(
         plan.output_format == "json")
     say(f"forgelm-tui: internal error: {error.line}; every rank was stopped "

@@ -54,8 +54,6 @@ class RunInfo:
     master_addr: str | None = None
     master_port: int | None = None
     run_dir: str | None = None
-    started_at: float | None = None
-    ended_at: float | None = None
     grace: float | None = None
     grace_source: str | None = None  # --grace, default, or the scheduler window's source
     kill_window: float | None = None  # the scheduler's SIGTERM -> SIGKILL window, where known
@@ -65,7 +63,6 @@ class RunInfo:
     graceful: bool = False
     max_restarts: int = 0
     restart_backoff: float = 1.0
-    error: str | None = None  # pre-launch error, one line
     job_config: str | None = None
     last_exit_path: str | None = None
     envelope_paths: list[str] = field(default_factory=list)

@@ -44,7 +44,7 @@ class RunReport:
 
     def on_event(self, event: ev.Event) -> None:
         if isinstance(event, ev.RunStopping):
-            self._write(self._build(provisional=True))
+            self._write(self.build_envelope(provisional=True))
 
     def verdict(self) -> Verdict:
         sup = self.supervisor
@@ -74,36 +74,52 @@ class RunReport:
                 results[record.rank] = found
         return results
 
-    def _build(self, *, provisional: bool) -> dict[str, Any]:
+    def build_envelope(self, *, provisional: bool,
+               agreement: dict[str, Any] | None = None) -> dict[str, Any]:
         """The envelope: the attempt under way (the last one), with every attempt's entry."""
-        envelope = self._attempt_envelope(provisional=provisional)
-        index = self.supervisor.spec.restart_count
-        current = [] if len(self.attempts) > index else [attempt_entry(index, envelope, None,
-                                                                       None)]
-        if self.backoff_cancel is not None and envelope["cancelled"] is None:
-            envelope["cancelled"] = backoff_cancelled(self.backoff_cancel)
-        envelope["started_at"] = iso(self.started_at or self.supervisor.started_at)
-        envelope["duration_s"] = _duration(self.started_at or self.supervisor.started_at,
-                                           self.plan.info.ended_at)
-        envelope["run_dir"] = self.plan.info.run_dir  # the run's; each attempt's in attempts
-        envelope["max_restarts"] = self.plan.spec.max_restarts
-        envelope["restart_count"] = index
-        envelope["attempts"] = [*self.attempts, *current]
-        return envelope
-
-    def _attempt_envelope(self, *, provisional: bool) -> dict[str, Any]:
         sup = self.supervisor
-        info = self.plan.info
-        info.started_at = sup.started_at
-        info.ended_at = None if provisional else sup.ended_at
-        info.error = sup.launch_error or info.error
+        index = sup.spec.restart_count
+        verdict = self._shown_verdict(provisional)
+        current = [] if len(self.attempts) > index else [
+            attempt_entry(index, self._attempt_envelope(verdict, provisional), None, None)]
+        cancelled = None if self.backoff_cancel is None else backoff_cancelled(
+            self.backoff_cancel)
+        return self._envelope(verdict, provisional, env_mod.RunFrame(
+            started_at=self.started_at or sup.started_at,
+            ended_at=None if provisional else sup.ended_at,
+            run_dir=self.plan.info.run_dir,  # the run's; each attempt's in attempts
+            error=sup.launch_error, cancelled_between=cancelled,
+            supervisor_error=self._supervisor_error(),
+            restarts=env_mod.Restarts(self.plan.spec.max_restarts, index,
+                                      (*self.attempts, *current)),
+            agreement=agreement))
+
+    def _attempt_envelope(self, verdict: Verdict, provisional: bool) -> dict[str, Any]:
+        """The attempt's own envelope (what its entry in ``attempts`` keeps)."""
+        sup = self.supervisor
+        return self._envelope(verdict, provisional, env_mod.RunFrame(
+            started_at=sup.started_at, ended_at=None if provisional else sup.ended_at,
+            run_dir=str(sup.spec.run_dir),  # an attempt's own files (attempt-K/)
+            error=sup.launch_error, supervisor_error=self._supervisor_error()))
+
+    def _shown_verdict(self, provisional: bool) -> Verdict:
         verdict = self.verdict()
-        if provisional and sup.launch_error is None:
-            verdict = _provisional_verdict(verdict)
-        envelope = env_mod.build(
-            info,
+        if provisional and self.supervisor.launch_error is None:
+            return _provisional_verdict(verdict)
+        return verdict
+
+    def _supervisor_error(self) -> dict[str, Any] | None:
+        error = self.supervisor.faults.error
+        return error.to_dict(iso(error.at)) if error else None
+
+    def _envelope(self, verdict: Verdict, provisional: bool,
+                  frame: env_mod.RunFrame) -> dict[str, Any]:
+        sup = self.supervisor
+        return env_mod.build(
+            self.plan.info,
             verdict,
             sup.records.values(),
+            frame=frame,
             stop=sup.stop,
             cancels=sup.cancels,
             forwards=sup.forwards,
@@ -111,10 +127,6 @@ class RunReport:
             results={} if provisional else self._results(),
             provisional=provisional,
         )
-        error = sup.faults.error
-        envelope["supervisor_error"] = error.to_dict(iso(error.at)) if error else None
-        envelope["run_dir"] = str(sup.spec.run_dir)  # an attempt's own files (attempt-K/)
-        return envelope
 
     def close_attempt(self) -> tuple[RestartDecision, float]:
         """The attempt under way ended: its entry in ``attempts``, and whether it restarts
@@ -122,20 +134,23 @@ class RunReport:
         sup = self.supervisor
         index = sup.spec.restart_count
         self.started_at = self.started_at or sup.started_at
-        facts = attempt_facts(sup, self.verdict())
+        verdict = self.verdict()
+        facts = attempt_facts(sup, verdict)
         decision = decide_restart(facts, index, self.plan.spec.max_restarts)
         delay = backoff(self.plan.info.restart_backoff, index + 1) if decision.restart else 0.0
-        entry = attempt_entry(index, self._attempt_envelope(provisional=False), decision,
-                              delay if decision.restart else None)
+        entry = attempt_entry(index, self._attempt_envelope(verdict, provisional=False),
+                              decision, delay if decision.restart else None)
         self.attempts.append(entry)
         if decision.restart:  # on disk while it waits: a scheduler's SIGKILL finds it
-            self._write(self._build(provisional=True))
+            self._write(self.build_envelope(provisional=True))
         return decision, delay
 
     def no_restart(self, why: str, cancel: CancelRequest | None = None) -> None:
         """The restart the last attempt's entry announced did not happen (a cancel during the
         backoff, an attempt dir that could not be made): the run ends with its verdict."""
-        self.attempts[-1]["restart"].update(restarted=False, why=why)
+        last = self.attempts[-1]
+        self.attempts[-1] = {**last, "restart": {**last["restart"], "restarted": False,
+                                                 "why": why}}
         self.backoff_cancel = cancel
 
     def _write(self, envelope: dict[str, Any]) -> list[str]:
@@ -144,20 +159,16 @@ class RunReport:
     def final(self) -> RunEnding:
         faults = self.supervisor.faults
         errors_before = faults.count
-        envelope = self._build(provisional=False)
-        written, errors = env_mod.write_each(self.plan.envelope_paths, envelope)
+        envelope = self.build_envelope(provisional=False)
+        envelope, written, errors = env_mod.write_each(self.plan.envelope_paths, envelope)
         path = written[0] if written else None
         self.ending = RunEnding(self.verdict(), envelope, path, tuple(errors), tuple(written))
         self.supervisor.emit(ev.VerdictReached(self.ending.verdict, path))
         if faults.count != errors_before:  # a view failed on the verdict: the envelope says so
-            envelope = self._build(provisional=False)
-            self.ending = replace(self.ending, envelope=envelope,
-                                  write_errors=tuple(self._write(envelope)))
+            envelope, _, errors = env_mod.write_each(self.plan.envelope_paths,
+                                                     self.build_envelope(provisional=False))
+            self.ending = replace(self.ending, envelope=envelope, write_errors=tuple(errors))
         return self.ending
-
-
-def _duration(start: float | None, end: float | None) -> float | None:
-    return None if start is None or end is None else round(end - start, 3)
 
 
 def backoff_cancelled(cancel: CancelRequest) -> dict[str, Any]:

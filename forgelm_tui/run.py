@@ -248,10 +248,9 @@ def prelaunch_error(
     say: Callable[[str], None],
 ) -> int:
     """Report a pre-launch failure: one line, an envelope that says why, exit 1."""
-    info.error = message
     verdict = prelaunch_failure()
-    envelope = env_mod.build_without_attempts(info, verdict)
-    written, errors = env_mod.write_each(envelope_paths, envelope)
+    envelope = env_mod.build_without_attempts(info, verdict, message)
+    envelope, written, errors = env_mod.write_each(envelope_paths, envelope)
     ending = RunEnding(verdict, envelope, None, tuple(errors), tuple(written))
     where = ending.where_line(output_format == "json")
     say(f"forgelm-tui: error: {redact_text(message)} (exit 1 EXIT_CONFIG_ERROR{where})")

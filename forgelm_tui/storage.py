@@ -33,12 +33,12 @@ def storage_section(records: Iterable[RankRecord]) -> dict[str, Any] | None:
     }
 
 
-def note_not_written(envelope: dict[str, Any], failed: Sequence[dict[str, str]]) -> None:
-    """Record in the envelope the places it could not be written to."""
+def with_not_written(envelope: dict[str, Any],
+                     failed: Sequence[dict[str, str]]) -> dict[str, Any]:
+    """The envelope as written where some places refused it: its ``storage`` names them."""
     storage = envelope.get("storage") or {"error": failed[0]["error"], "since": None,
                                           "ranks": []}
-    envelope["storage"] = {**storage, "envelope_not_written": list(failed)}  # a copy: a
-    # multi-node envelope shares its nested dicts with the agreed one
+    return {**envelope, "storage": {**storage, "envelope_not_written": list(failed)}}
 
 
 def merged(sections: Iterable[dict[str, Any] | None]) -> dict[str, Any] | None:

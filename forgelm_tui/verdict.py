@@ -132,6 +132,16 @@ class Verdict:
         """``4 AWAITING_APPROVAL``: the code and its short name, for views."""
         return f"{self.code} {self.name.removeprefix('EXIT_')}"
 
+    @property
+    def root_cause_rank(self) -> int | None:
+        """The rank whose own failure decided the run (rule 2), if a rank did."""
+        return self.deciding_rank if self.rule == 2 else None
+
+    def rank_marks(self, rank: int) -> dict[str, bool]:
+        """What the verdict says of one rank in the envelope's ``ranks`` (its marks)."""
+        return {"collateral": rank in self.collateral,
+                "failed_after_rank0_exit": rank in self.after_rank0_exit}
+
 
 def describe(code: int) -> tuple[str, str, str]:
     """Name, meaning and CI action for any code the process may exit with."""

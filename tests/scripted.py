@@ -204,9 +204,10 @@ def _outcome(run: ScriptedRun, records: list[RankRecord], stop: StopRecord | Non
     verdict = decide([r.ending() for r in records], facts, Contract.FORGELM)
     info = RunInfo(run_id=run.run_id, command=run.command, mode="forgelm",
                            contract=Contract.FORGELM, world_size=run.world_size,
-                           nproc_per_node=run.world_size, started_at=T0, ended_at=T0 + 130,
-                           run_dir="/runs/x", grace=run.grace, drain=60.0)
-    envelope = env_mod.build(info, verdict, records, stop=stop, cancels=cancels, results=results)
+                           nproc_per_node=run.world_size, run_dir="/runs/x", grace=run.grace,
+                           drain=60.0)
+    envelope = env_mod.build(info, verdict, records, stop=stop, cancels=cancels, results=results,
+                             frame=env_mod.RunFrame(T0, T0 + 130, "/runs/x"))
     path = "/runs/x/envelope.json"
     if envelope_dir is not None:
         target = envelope_dir / "envelope.json"

@@ -248,7 +248,7 @@ def merged(lost: list[int]) -> tuple[dict[str, Any], dict[int, dict[str, Any]]]:
             "command": ["python", "train.py"], "ranks": [], "cancel_requests": [],
             "stop": {"kind": "failure", "extra": True}, "exit_code": None}
     before = json.dumps(base)
-    envelope = agreement.merge(base, finals, verdict, record, lost, 3, {"exit_code": 2})
+    envelope = agreement.merge(base, finals, verdict, record, lost, 3)
     assert json.dumps(base) == before  # node 0's own envelope is not changed
     return envelope, finals
 

@@ -309,7 +309,7 @@ def test_multi_node_root_cause_gpu_comes_from_its_node() -> None:
     record = wire(stop(StopKind.FAILURE, origin_rank=3, origin_node=1))
     verdict = agreement.decide_global(finals, record, F)
     base = {"ranks": [], "cancel_requests": [], "stop": None, "root_cause_gpu": None}
-    envelope = agreement.merge(base, finals, verdict, record, [], 2, {})
+    envelope = agreement.merge(base, finals, verdict, record, [], 2)
     assert envelope["root_cause_rank"] == 3 and envelope["root_cause_gpu"] == sample
 
 

@@ -123,11 +123,13 @@ def test_an_envelope_place_that_fails_never_stops_the_others(tmp_path: Path) -> 
     blocked.write_text("not a directory")
     good = tmp_path / "out" / "envelope.json"
     envelope: dict[str, Any] = {"exit_code": 3, "storage": None}
-    written, errors = env_mod.write_each([blocked / "envelope.json", good], envelope)
+    before = json.dumps(envelope)
+    shown, written, errors = env_mod.write_each([blocked / "envelope.json", good], envelope)
     assert written == [str(good)] and len(errors) == 1 and str(blocked) in errors[0]
     kept = json.loads(good.read_text())
     assert kept["storage"]["envelope_not_written"][0]["path"] == str(blocked / "envelope.json")
-    assert envelope["storage"]["envelope_not_written"]  # ...and so does the printed one
+    assert shown == kept  # ...and so does the printed one
+    assert json.dumps(envelope) == before  # a new envelope: the one given is not changed
 
 
 # ------------------------------------------------------------------ in-process, any user

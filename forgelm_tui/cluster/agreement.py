@@ -8,12 +8,12 @@ documented as node-local (docs/envelope.md) and set by :func:`localize`.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import asdict
 from typing import Any
 
 from forgelm_tui import storage
 from forgelm_tui.cluster.wire import ending_from_wire, stop_from_wire
+from forgelm_tui.envelope import verdict_dict
 from forgelm_tui.verdict import (
     Contract,
     LostCause,
@@ -71,43 +71,53 @@ def verdict_from_wire(data: dict[str, Any]) -> Verdict:
 
 
 def merge(base: dict[str, Any], finals: dict[int, dict[str, Any]], verdict: Verdict,
-          stop: dict[str, Any] | None, lost: list[int], nnodes: int,
-          verdict_fields: dict[str, Any]) -> dict[str, Any]:
-    """Node 0's envelope made global: every node's ranks, the agreed stop, the verdict."""
-    envelope = copy.deepcopy(base)
-    envelope.update(verdict_fields)
-    ranks = [r for f in finals.values() for r in f["envelope"]["ranks"]]
-    envelope["ranks"] = sorted(ranks, key=lambda r: r["rank"])
-    envelope["cancel_requests"] = [
-        {**c, "node_rank": node} for node, f in sorted(finals.items())
-        for c in f["envelope"]["cancel_requests"]]
-    envelope["forwarded_signals"] = [  # each node forwards what its own supervisor got
-        {**f_, "node_rank": node} for node, f in sorted(finals.items())
-        for f_ in f["envelope"].get("forwarded_signals", [])]
-    envelope["descendants"] = [  # each node stopped what its own ranks left
-        {**d, "node_rank": node} for node, f in sorted(finals.items())
-        for d in f["envelope"].get("descendants", [])]
+          stop: dict[str, Any] | None, lost: list[int], nnodes: int, *,
+          scheduler: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Node 0's envelope made global, built here as one new envelope (none is changed): every
+    node's ranks, the agreed stop (``scheduler``: why the scheduler stopped the job, asked when
+    the stop began), the verdict and what it says of each rank."""
+    ordered = sorted(finals.items())
+
+    def each(field: str) -> list[dict[str, Any]]:  # every node's entries, each with its node
+        return [{**item, "node_rank": node} for node, f in ordered
+                for item in f["envelope"].get(field, [])]
+
     origin = finals.get(stop["origin_node"]) if stop else None
-    if origin is not None and origin["envelope"].get("cancelled"):
-        envelope["cancelled"] = origin["envelope"]["cancelled"]
-    if stop is not None:
-        own = envelope.get("stop") or {}
-        envelope["stop"] = {**own, **_stop_dict(stop)}
-        if "grace_s" in own:  # the grace this node's stop had: the agreed one's, or more if
-            envelope["stop"]["grace_s"] = own["grace_s"]  # it grew here (a preemption)
-    envelope["root_cause_rank"] = verdict.deciding_rank if verdict.rule == 2 else None
-    causes = [f["envelope"].get("root_cause_gpu") for _, f in sorted(finals.items())]
-    envelope["root_cause_gpu"] = next(  # the root cause's node had it as its own root cause
-        (c for c in causes if c and c["rank"] == envelope["root_cause_rank"]), None)
-    for rank in envelope["ranks"]:  # each node marked its own ranks by its own verdict
-        rank["collateral"] = rank["rank"] in verdict.collateral
-        rank["failed_after_rank0_exit"] = rank["rank"] in verdict.after_rank0_exit
-    envelope["nodes"] = [_node_dict(n, finals.get(n), n in lost) for n in range(nnodes)]
-    envelope["agreement"] = {"agreed": True, "decided_by_node": 0, "nodes_lost": lost}
-    outside = [f["envelope"].get("outside_signal") for _, f in sorted(finals.items())]
-    envelope["outside_signal"] = next((o for o in outside if o), None)
-    envelope["storage"] = storage.merged(f["envelope"].get("storage") for f in finals.values())
-    return envelope
+    cancelled = (origin["envelope"]["cancelled"] if origin is not None
+                 and origin["envelope"].get("cancelled") else base.get("cancelled"))
+    causes = [f["envelope"].get("root_cause_gpu") for _, f in ordered]
+    outside = [f["envelope"].get("outside_signal") for _, f in ordered]
+    ranks = sorted((r for f in finals.values() for r in f["envelope"]["ranks"]),
+                   key=lambda r: r["rank"])
+    return {
+        **base,
+        **verdict_dict(verdict),
+        "cancelled": cancelled,
+        "stop": base.get("stop") if stop is None else _agreed_stop(base.get("stop"), stop,
+                                                                    scheduler),
+        "cancel_requests": each("cancel_requests"),
+        "forwarded_signals": each("forwarded_signals"),  # what each node's supervisor got
+        "descendants": each("descendants"),  # each node stopped what its own ranks left
+        "root_cause_rank": verdict.root_cause_rank,
+        # the root cause's node had it as its own root cause
+        "root_cause_gpu": next((c for c in causes if c and c["rank"] == verdict.root_cause_rank),
+                               None),
+        "outside_signal": next((o for o in outside if o), None),
+        "storage": storage.merged(f["envelope"].get("storage") for f in finals.values()),
+        # each node marked its own ranks by its own verdict: the agreed one marks them all
+        "ranks": [{**r, **verdict.rank_marks(r["rank"])} for r in ranks],
+        "nodes": [_node_dict(n, finals.get(n), n in lost) for n in range(nnodes)],
+        "agreement": {"agreed": True, "decided_by_node": 0, "nodes_lost": lost},
+    }
+
+
+def _agreed_stop(own: dict[str, Any] | None, stop: dict[str, Any],
+                 scheduler: dict[str, Any] | None) -> dict[str, Any]:
+    """The agreed stop record as this envelope says it; the grace is this node's own stop's
+    when it had one: the agreed one's, or more if it grew here (a preemption)."""
+    own = own or {}
+    agreed = {**own, **_stop_dict(stop), "scheduler": scheduler}
+    return {**agreed, "grace_s": own["grace_s"]} if "grace_s" in own else agreed
 
 
 def _stop_dict(stop: dict[str, Any]) -> dict[str, Any]:
@@ -133,7 +143,4 @@ def _node_dict(node: int, final: dict[str, Any] | None, lost: bool) -> dict[str,
 
 def localize(envelope: dict[str, Any], local: dict[str, Any]) -> dict[str, Any]:
     """The agreed envelope as this node writes it: the node-local fields are its own."""
-    mine = dict(envelope)
-    for name in NODE_LOCAL:
-        mine[name] = local.get(name)
-    return mine
+    return {**envelope, **{name: local.get(name) for name in NODE_LOCAL}}

@@ -38,7 +38,8 @@ class Report(Protocol):
 
     def verdict(self) -> Verdict: ...
     def final(self) -> RunEnding: ...
-    def _build(self, *, provisional: bool) -> dict[str, Any]: ...
+    def build_envelope(self, *, provisional: bool,
+                       agreement: dict[str, Any] | None = None) -> dict[str, Any]: ...
 
 
 class Session(Protocol):
@@ -130,7 +131,7 @@ class NodeRun:
         """Every rank here ended: publish their records for node 0's verdict."""
         report, sup = self.session.report, self.sup
         sup.ended_at = time.time()
-        envelope = report._build(provisional=False)
+        envelope = report.build_envelope(provisional=False)
         view = ev.NodeChanged(self.session.plan.spec.node_rank, socket.gethostname(),
                               NodeState.DONE, tuple(r.snapshot() for r in sup.records.values()),
                               time.time())
@@ -171,9 +172,8 @@ class NodeRun:
                                           lost=link.lost_before_failure())
         base = self.own_final["envelope"]
         envelope = agreement.merge(base, finals, verdict, stop, lost,
-                                   self.membership_nnodes(), env_mod.verdict_dict(verdict))
-        if envelope.get("stop") is not None:  # asked when the stop began (scheduler_stop.py)
-            envelope["stop"]["scheduler"] = self.session.plan.info.scheduler_stop
+                                   self.membership_nnodes(),
+                                   scheduler=self.session.plan.info.scheduler_stop)
         waiting = [n for n in range(1, self.membership_nnodes()) if n not in lost]
         await loop.run_in_executor(None, _publish_verdict, store, verdict, envelope, waiting)
         return self._write(verdict, envelope)
@@ -201,9 +201,9 @@ class NodeRun:
         if self.link is not None:  # a failure here may be collateral of node 0's loss
             report.lost_cause = self.link.lost_before_failure()
         verdict = report.verdict()
-        envelope = report._build(provisional=False)
-        envelope["agreement"] = {"agreed": False, "decided_by_node": self.sup.spec.node_rank,
-                                 "note": f"decided without agreement: {why}"}
+        envelope = report.build_envelope(provisional=False, agreement={
+            "agreed": False, "decided_by_node": self.sup.spec.node_rank,
+            "note": f"decided without agreement: {why}"})
         return self._write(verdict, envelope, agreed=False)
 
     def _write(self, verdict: Any, envelope: dict[str, Any], agreed: bool = True) -> RunEnding:
@@ -212,7 +212,7 @@ class NodeRun:
             envelope = agreement.localize(envelope, {
                 "node_rank": plan.spec.node_rank, "run_dir": str(plan.spec.run_dir),
                 "command": redact_argv(plan.info.command)})
-        written, errors = env_mod.write_each(plan.envelope_paths, envelope)
+        envelope, written, errors = env_mod.write_each(plan.envelope_paths, envelope)
         path = written[0] if written else None
         ending = RunEnding(verdict, envelope, path, tuple(errors), tuple(written))
         self.session.report.ending = ending
