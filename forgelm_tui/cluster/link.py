@@ -133,7 +133,7 @@ class NodeLink:
         records = list(self.sup.records.values())
         live = [r for r in records if r.alive]
         now = time.monotonic()
-        ages = [now - (r.last_progress_mono or now) for r in live]
+        ages = [r.progress_age(now) for r in live]
         view = ev.NodeChanged(self.me, self.host, self._phase,
                               tuple(r.snapshot() for r in records), time.time())
         self._seq += 1

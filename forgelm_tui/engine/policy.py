@@ -164,7 +164,7 @@ class StopPolicy:
         quiet_after = min(self.settings.quiet_after, timeout or float("inf"))
         live = self.live()
         for record in live:
-            quiet = now - (record.last_progress_mono or now) >= quiet_after
+            quiet = record.progress_age(now) >= quiet_after
             if quiet != record.quiet:
                 record.quiet = quiet
                 self.effects.rank_changed(record)
@@ -173,7 +173,7 @@ class StopPolicy:
                 self.effects.emit(ev.RankEvidenceChanged(record.rank, record.progress_evidence))
         if timeout is None or self.stop is not None or not live:
             return
-        ages = [now - (r.last_progress_mono or now) for r in live]
+        ages = [r.progress_age(now) for r in live]
         peer_age = self.peers.progress_age(now)  # a rank on another node progressing: no stall
         if min(ages + ([] if peer_age is None else [peer_age])) < timeout:
             return

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from signal import SIGKILL
 
+from forgelm_tui.engine import ages
 from forgelm_tui.engine.events import (
     ProgressEvidence,
     ProgressSource,
@@ -172,6 +173,12 @@ class RankRecord:
         if counts:
             self.last_progress_mono = now
         return counts
+
+    def progress_age(self, now: float) -> float:
+        return ages.progress_age(now, self.last_progress_mono)
+
+    def output_age(self, now: float) -> float | None:
+        return ages.output_age(now, self.last_output_mono, self.started_mono, self.ended_mono)
 
     @property
     def steps_done(self) -> bool:

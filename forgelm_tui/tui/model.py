@@ -11,6 +11,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
+from forgelm_tui.engine import ages
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.events import Purpose, RankState
 from forgelm_tui.signames import handles, signal_name
@@ -264,10 +265,7 @@ class RunModel:
         return max(0.0, end - row.started_at)
 
     def output_age(self, row: RankRow) -> float | None:
-        if row.ended_at is not None:
-            return None
-        since = row.last_output_at or row.started_at
-        return None if since is None else max(0.0, self.clock() - since)
+        return ages.output_age(self.clock(), row.last_output_at, row.started_at, row.ended_at)
 
 
 def _row(snap: ev.RankSnapshot) -> RankRow:
