@@ -13,39 +13,20 @@ layout pass of the whole screen (25-50 ms here), rare. Otherwise only changed ce
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+
 from rich.cells import cell_len, set_cell_size
 from rich.text import Text
 from textual.widgets import DataTable
 
 from forgelm_tui.engine.events import ProgressEvidence
 from forgelm_tui.tui.model import RankRow, RunModel
-from forgelm_tui.tui.widgets.gpu_cells import GPU_COLUMNS, GPU_KEYS, gpu_cells
+from forgelm_tui.tui.widgets.gpu_cells import GPU_COLUMNS, gpu_cells
 from forgelm_tui.tui.widgets.progress_bar import BAR_CELLS, bar_cell, fit_bar
 
 LAST_LINE_CHARS = 40  # the log pane has the whole line; the table only a glimpse
-
-# (key, label, starting width): "4194304" is the largest pid, "1023.9 MiB" the widest RSS,
-# "59m59s" the widest uptime; progress is "step/total loss x".
-COLUMNS = (
-    ("rank", "rank", 4),
-    ("node", "node", 4),  # multi-node runs only
-    ("local", "local", 5),
-    ("pid", "pid", 7),
-    ("state", "state", 8),
-    ("cpu", "CPU %", 5),
-    ("rss", "RSS", 10),
-    *GPU_COLUMNS,  # only once a GPU sample came (tui/widgets/gpu_cells.py)
-    ("children", "kids", 4),
-    ("uptime", "uptime", 6),
-    ("age", "out age", 7),
-    ("bar", "", BAR_CELLS),  # step/total as a bar, left of its numbers (progress_bar.py)
-    ("progress", "progress", 16),
-    ("exit", "exit", 9),  # "0 SUCCESS"
-    ("signal", "signal", 6),
-    ("last", "last line", LAST_LINE_CHARS),
-)
-WIDEST = {"last": LAST_LINE_CHARS, "signal": 32, "progress": 24,
-          "gpu_mem": 24}  # wider values are clipped
 
 CORE = -1  # a progress floor: its step/total, never clipped ("40/100" of "40/100 loss 2.2")
 # How columns give way when the table is too narrow, in this order: (key, floor) shrinks the
@@ -109,7 +90,70 @@ def progress_cell(row: RankRow) -> Cell:
     return (f"{text} · {row.evidence.value}", "")
 
 
-CLIPS = {"progress": _clip_progress, "bar": fit_bar}  # how a cell is fitted to its column
+class RowView:
+    """One row as its cells read it: the rank's row, the run's model, what several cells share."""
+
+    def __init__(self, model: RunModel, row: RankRow) -> None:
+        self.model, self.row = model, row
+        self.style = STATE_STYLES.get(row.state.value, "")
+        self.active = row.ended_at is None and row.pid is not None
+
+    @functools.cached_property
+    def gpu(self) -> dict[str, Cell]:
+        return gpu_cells(self.model.gpu, self.row.rank, self.active)
+
+
+@dataclass(frozen=True)
+class Column:
+    """A rank-table column, declared once: its key, header, starting width (a pid, RSS, uptime...
+    so the first samples of a run widen nothing), the widest it grows to (wider values are
+    clipped), how a value is fitted to its width, its cell, and when it shows at all."""
+
+    key: str
+    label: str
+    width: int
+    cell: Callable[[RowView], Cell]
+    widest: int = 1 << 16
+    fit: Callable[[str, int], str] = _clip
+    only: str | None = None  # "nodes": multi-node runs only; "gpu": once a GPU sample came
+
+
+def _node_cell(view: RowView) -> Cell:
+    text = view.model.node_text(view.row)
+    return (text, "red" if text.endswith("lost") else "")
+
+
+def _gpu_cell(key: str) -> Callable[[RowView], Cell]:
+    return lambda view: view.gpu[key]
+
+
+# In the table's order; how they give way when it is too narrow: GIVE_WAY.
+COLUMNS = (
+    Column("rank", "rank", 4, lambda v: (str(v.row.rank), "bold")),
+    Column("node", "node", 4, _node_cell, only="nodes"),
+    Column("local", "local", 5, lambda v: (str(v.row.local_rank), "")),
+    Column("pid", "pid", 7, lambda v: (str(v.row.pid or "-"), "")),  # 4194304: the largest
+    Column("state", "state", 8, lambda v: (v.row.state.value, v.style)),
+    Column("cpu", "CPU %", 5,
+           lambda v: (f"{v.row.cpu_percent:5.1f}" if v.active else "-", "")),
+    Column("rss", "RSS", 10, lambda v: (  # 1023.9 MiB
+        human_bytes(v.row.rss_bytes) if v.active and v.row.rss_bytes else "-", "")),
+    *(Column(key, label, width, _gpu_cell(key), only="gpu",  # gpu_cells.py
+             widest=24 if key == "gpu_mem" else 1 << 16) for key, label, width in GPU_COLUMNS),
+    Column("children", "kids", 4, lambda v: (str(v.row.children) if v.active else "-", "")),
+    Column("uptime", "uptime", 6, lambda v: (human_seconds(v.model.uptime(v.row)), "")),
+    Column("age", "out age", 7, lambda v: (human_seconds(v.model.output_age(v.row)), "")),
+    # step/total as a bar, left of its numbers (progress_bar.py)
+    Column("bar", "", BAR_CELLS, lambda v: bar_cell(v.row, v.style), fit=fit_bar),
+    Column("progress", "progress", 16, lambda v: progress_cell(v.row), widest=24,
+           fit=_clip_progress),  # "step/total loss x"
+    Column("exit", "exit", 9, lambda v: (v.row.exit_text(), v.style)),  # "0 SUCCESS"
+    Column("signal", "signal", 6,
+           lambda v: (v.row.signal_text(), "red" if v.row.signal else "magenta"), widest=32),
+    Column("last", "last line", LAST_LINE_CHARS,
+           lambda v: (v.row.last_line[: LAST_LINE_CHARS * 2], ""), widest=LAST_LINE_CHARS),
+)
+BY_KEY = {column.key: column for column in COLUMNS}
 
 
 def _text(cell: Cell) -> Text:
@@ -172,7 +216,7 @@ class RankTable(DataTable[Text]):
         super().__init__(cursor_type="row", zebra_stripes=False, **kwargs)  # type: ignore[arg-type]
         self._cells: dict[int, dict[str, Cell]] = {}  # every cell in full, for a rebuild
         self._shown: dict[tuple[int, str], Cell] = {}  # as shown: clipped to its column
-        self._wanted = {key: width for key, _, width in COLUMNS}
+        self._wanted = {column.key: column.width for column in COLUMNS}
         self._core = 0
         self.multi_node = False  # the node column shows only then
         self.gpu_shown = False  # the GPU columns show only then
@@ -180,26 +224,8 @@ class RankTable(DataTable[Text]):
 
     def cells(self, model: RunModel, row: RankRow) -> dict[str, Cell]:
         """Each cell as (plain text, style): cheap to compare, made into Text only if changed."""
-        style = STATE_STYLES.get(row.state.value, "")
-        active = row.ended_at is None and row.pid is not None
-        return {
-            "rank": (str(row.rank), "bold"),
-            "node": (model.node_text(row), "red" if model.node_text(row).endswith("lost") else ""),
-            "local": (str(row.local_rank), ""),
-            "pid": (str(row.pid or "-"), ""),
-            "state": (row.state.value, style),
-            "cpu": (f"{row.cpu_percent:5.1f}" if active else "-", ""),
-            "rss": (human_bytes(row.rss_bytes) if active and row.rss_bytes else "-", ""),
-            **gpu_cells(model.gpu, row.rank, active),  # in COLUMNS' order: add_row is by position
-            "children": (str(row.children) if active else "-", ""),
-            "uptime": (human_seconds(model.uptime(row)), ""),
-            "age": (human_seconds(model.output_age(row)), ""),
-            "bar": bar_cell(row, style),
-            "progress": progress_cell(row),
-            "exit": (row.exit_text(), style),
-            "signal": (row.signal_text(), "red" if row.signal else "magenta"),
-            "last": (row.last_line[: LAST_LINE_CHARS * 2], ""),
-        }
+        view = RowView(model, row)
+        return {column.key: column.cell(view) for column in COLUMNS}
 
     def refresh_from(self, model: RunModel) -> None:
         """Update only the cells whose text or style changed; lay out again only when needed.
@@ -248,7 +274,7 @@ class RankTable(DataTable[Text]):
 
     def _want(self, cells: dict[str, Cell]) -> None:
         for key, (plain, _) in cells.items():
-            width = min(cell_len(plain), WIDEST.get(key, 1 << 16))
+            width = min(cell_len(plain), BY_KEY[key].widest)
             if width > self._wanted[key]:
                 self._wanted[key] = width
         core = cell_len(cells["progress"][0].split(" ", 1)[0])
@@ -256,13 +282,13 @@ class RankTable(DataTable[Text]):
 
     def _fit(self) -> dict[str, int]:
         width = self.scrollable_content_region.width if self.size.width else 0
-        wanted = {k: w for k, w in self._wanted.items() if (self.multi_node or k != "node")
-                  and (self.gpu_shown or k not in GPU_KEYS)}
+        shown = {None, "nodes" if self.multi_node else None, "gpu" if self.gpu_shown else None}
+        wanted = {k: w for k, w in self._wanted.items() if BY_KEY[k].only in shown}
         return fit_columns(wanted, width, self._core)
 
     def _clipped(self, cells: dict[str, Cell]) -> dict[str, Cell]:
         widths = self.shown_widths
-        return {key: (CLIPS.get(key, _clip)(plain, widths[key]), style)
+        return {key: (BY_KEY[key].fit(plain, widths[key]), style)
                 for key, (plain, style) in cells.items() if key in widths}
 
     def _add_row(self, rank: int, cells: dict[str, Cell]) -> None:
@@ -278,9 +304,10 @@ class RankTable(DataTable[Text]):
         with self.prevent(DataTable.RowHighlighted, DataTable.CellHighlighted):
             self.clear(columns=True)
             self._shown.clear()
-            for key, label, _ in COLUMNS:
-                if key in layout:
-                    self.add_column(Text(_clip(label, layout[key])), width=layout[key], key=key)
+            for column in COLUMNS:
+                if column.key in layout:
+                    self.add_column(Text(_clip(column.label, layout[column.key])),
+                                    width=layout[column.key], key=column.key)
             for rank, cells in sorted(self._cells.items()):
                 self._add_row(rank, cells)
             if 0 < row < self.row_count:
