@@ -6,6 +6,7 @@ secrets.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import json
@@ -200,6 +201,7 @@ def build(
     """The envelope as a JSON-ready dict."""
     results = results or {}
     ranks = sorted(records, key=lambda r: r.rank)
+    rank_dicts = [rank_dict(r, _failed(r), results.get(r.rank), verdict) for r in ranks]
     cancel = cancels[0] if cancels else None
     restarts = frame.restarts
     envelope: dict[str, Any] = {
@@ -275,10 +277,8 @@ def build(
         "outside_signal": _outside_signal(ranks),
         "storage": storage_section(ranks),
         "result": results.get(0),
-        "ranks": [
-            rank_dict(r, _failed(r), results.get(r.rank), verdict)
-            for r in ranks
-        ],
+        "rank_states": rank_states(rank_dicts),
+        "ranks": rank_dicts,
         "supervisor_error": frame.supervisor_error,
         **({} if restarts is None else {
             "max_restarts": restarts.max_restarts,
@@ -288,6 +288,13 @@ def build(
         **({} if frame.agreement is None else {"agreement": frame.agreement}),
     }
     return envelope
+
+
+def rank_states(ranks: Iterable[dict[str, Any]]) -> dict[str, int]:
+    """How many of the envelope's ranks are in each state (``exited``, ``failed``, ...): a
+    thousand ranks read at a glance. Counted from the ``ranks`` list, so every node's copy of a
+    multi-node envelope, which lists every node's ranks, counts the same."""
+    return dict(sorted(collections.Counter(r["state"] for r in ranks).items()))
 
 
 def descendant_dict(record: DescendantRecord) -> dict[str, Any]:

@@ -154,7 +154,9 @@ def stop(kind: StopKind, origin_rank: int | None = None, origin_node: int = 0,
 def final(node: int, endings: list[RankEnding], launch_error: str | None = None,
           **envelope: Any) -> dict[str, Any]:
     """A node's final records as it publishes them, through JSON as the store carries them."""
-    ranks = [{"rank": e.rank, "exit_code": e.exit_code} for e in reversed(endings)]
+    ranks = [{"rank": e.rank, "exit_code": e.exit_code,
+              "state": "killed" if e.signalled_first else "failed" if e.exit_code else "exited"}
+             for e in reversed(endings)]
     env = {"run_dir": f"/runs/x/node-{node}", "ranks": ranks, "cancel_requests": [],
            "cancelled": None, "outside_signal": None, **envelope}
     data = {"envelope": env, "host": f"host{node}", "pid": 100 + node,
@@ -256,6 +258,8 @@ def merged(lost: list[int]) -> tuple[dict[str, Any], dict[int, dict[str, Any]]]:
 def test_merge_gathers_every_node() -> None:
     envelope, _ = merged(lost=[2])
     assert [r["rank"] for r in envelope["ranks"]] == [0, 1, 2, 3]
+    # every node's ranks (node 0's own envelope had none), the same on every node
+    assert envelope["rank_states"] == {"failed": 2, "killed": 2}
     assert envelope["exit_code"] == 2 and envelope["root_cause_rank"] == 3
     assert envelope["agreement"] == {"agreed": True, "decided_by_node": 0, "nodes_lost": [2]}
     nodes = envelope["nodes"]

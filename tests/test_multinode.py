@@ -79,6 +79,9 @@ def test_slurm_nodes_agree_on_rank0_s_outcome_and_drain_the_rest(tmp_path: Path)
     assert [r["rank"] for r in envelope["ranks"]] == [0, 1, 2, 3]
     assert [r["node_rank"] for r in envelope["ranks"]] == [0, 0, 1, 1]
     assert [r["exit_code"] for r in envelope["ranks"][:3]] == [4, 0, 0]
+    # every node's ranks, counted the same on each node (same_envelopes): ranks 0-2 exited,
+    # rank 3 was killed by the drain's stop
+    assert envelope["rank_states"] == {"exited": 3, "killed": 1}, envelope["rank_states"]
     assert [n["state"] for n in envelope["nodes"]] == ["done"] * 2
     assert envelope["agreement"] == {"agreed": True, "decided_by_node": 0, "nodes_lost": []}
     assert envelope["exit_name"] == "EXIT_AWAITING_APPROVAL"

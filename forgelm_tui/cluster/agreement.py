@@ -13,7 +13,7 @@ from typing import Any
 
 from forgelm_tui import storage
 from forgelm_tui.cluster.wire import ending_from_wire, stop_from_wire
-from forgelm_tui.envelope import verdict_dict
+from forgelm_tui.envelope import rank_states, verdict_dict
 from forgelm_tui.verdict import (
     Contract,
     LostCause,
@@ -105,6 +105,7 @@ def merge(base: dict[str, Any], finals: dict[int, dict[str, Any]], verdict: Verd
         "outside_signal": next((o for o in outside if o), None),
         "storage": storage.merged(f["envelope"].get("storage") for f in finals.values()),
         # each node marked its own ranks by its own verdict: the agreed one marks them all
+        "rank_states": rank_states(ranks),
         "ranks": [{**r, **verdict.rank_marks(r["rank"])} for r in ranks],
         "nodes": [_node_dict(n, finals.get(n), n in lost) for n in range(nnodes)],
         "agreement": {"agreed": True, "decided_by_node": 0, "nodes_lost": lost},

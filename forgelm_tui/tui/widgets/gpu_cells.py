@@ -15,7 +15,6 @@ from forgelm_tui.tui.widgets.progress_bar import blocks
 
 # (key, label, starting width): "0,1" devices, "100.0", "▉▉▉▉▉ 79.6/80.0G"
 GPU_COLUMNS = (("gpu", "GPU", 3), ("gpu_util", "GPU %", 5), ("gpu_mem", "GPU mem", 16))
-GPU_KEYS = frozenset(key for key, _, _ in GPU_COLUMNS)
 BAR_CELLS = 5
 
 Cell = tuple[str, str]
