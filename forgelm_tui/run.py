@@ -106,11 +106,12 @@ class Session:
 
     def request_cancel(self, origin: str = "operator", sig: int = signal.SIGINT, *,
                        source: CancelSource = CancelSource.OPERATOR,
-                       cause: str | None = None) -> str:
+                       sender: Sender | None = None) -> str:
         if self.chain.backoff is not None:  # between two attempts: no restart, the run ends now
-            self.chain.backoff.cancel(CancelRequest(source, origin, sig, time.time(), "stop"))
+            self.chain.backoff.cancel(CancelRequest(source, origin, sig, time.time(), "stop",
+                                                    sender))
             return "stop"
-        return self.supervisor.request_cancel(origin, sig, source=source, cause=cause)
+        return self.supervisor.request_cancel(origin, sig, source=source, sender=sender)
 
     def kill_now(self, origin: str = "operator",
                  source: CancelSource = CancelSource.OPERATOR) -> None:
@@ -129,7 +130,7 @@ class Session:
     def signalled(self, sig: int, sender: Sender | None = None) -> None:
         if self.chain.backoff is not None:
             self.request_cancel(f"{signal_name(sig)} to the supervisor", sig,
-                                source=CancelSource.SIGNAL)
+                                source=CancelSource.SIGNAL, sender=sender)
             return
         self.supervisor.signalled(sig, sender)
 

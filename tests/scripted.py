@@ -22,6 +22,7 @@ from forgelm_tui.ending import RunEnding
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.events import ProgressSource, Purpose, RankState, SignalSent, Stream
 from forgelm_tui.engine.records import CancelRequest, CancelSource, RankRecord, StopRecord
+from forgelm_tui.engine.signal_inbox import Sender
 from forgelm_tui.plan import RunInfo
 from forgelm_tui.signames import signal_name
 from forgelm_tui.verdict import Contract, StopFacts, StopKind, decide
@@ -62,15 +63,22 @@ class ScriptedRun:
 
     def request_cancel(self, origin: str = "operator", sig: int = signal.SIGINT, *,
                        source: CancelSource = CancelSource.OPERATOR,
-                       cause: str | None = None) -> str:
+                       sender: Sender | None = None) -> str:
         self.commands.append(("cancel", origin))
         return "stop"
 
-    def kill_now(self, origin: str = "operator") -> None:
+    def kill_now(self, origin: str = "operator",
+                 source: CancelSource = CancelSource.OPERATOR) -> None:
         self.commands.append(("kill", origin))
 
-    def forward(self, sig: int) -> None:
+    def forward(self, sig: int, origin: str | None = "operator",
+                source: CancelSource = CancelSource.OPERATOR,
+                sender: Sender | None = None) -> None:
         self.commands.append(("forward", signal_name(sig)))
+
+    def request_stacks(self, origin: str = "operator") -> bool:
+        self.commands.append(("stacks", origin))
+        return False  # no rank runs here to capture (tests/test_stacks_tui.py's StacksRun can)
 
     def cancelled_by_signal(self) -> bool:
         return self.by_signal

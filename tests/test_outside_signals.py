@@ -30,7 +30,7 @@ def sender(pid: int, *, process: str | None = None, code: int = SI_USER,
 
 def cancel(h, who: Sender | None, sig: int = TERM) -> str:  # type: ignore[no-untyped-def]
     return h.policy.cancel(CancelSource.SIGNAL, f"{signal.Signals(sig).name} to the supervisor",
-                           sig, None, who)
+                           sig, who)
 
 
 @pytest.mark.parametrize("who, kind", [
@@ -108,10 +108,10 @@ def test_the_first_outside_signal_is_merged_with_a_stop_record_of_the_same_cause
     h.policy.note_cause("outside signal")
     h.policy.begin(StopKind.CANCEL, "cancelled by SIGTERM to the supervisor", "SIGTERM", TERM,
                    source=CancelSource.SIGNAL.value)
-    cause = h.policy.signal_cause()
-    assert h.policy.cancel(CancelSource.SIGNAL, "SIGTERM", TERM, cause,
+    assert h.policy.cancel(CancelSource.SIGNAL, "SIGTERM", TERM,
                            sender(SLURMSTEPD, process="slurmstepd")) == "merged"
-    assert h.policy.signal_cause() is None  # the next one is the supervisor's second
+    # the next one is the supervisor's second: a person's (another sender), an escalation
+    assert h.policy.cancel(CancelSource.SIGNAL, "SIGTERM", TERM, sender(4242)) == "kill"
 
 
 @pytest.mark.fault("F42")

@@ -68,9 +68,9 @@ def test_a_second_distinct_cancel_kills_at_once() -> None:
 def test_one_cause_seen_twice_is_one_graceful_stop() -> None:
     """SIGHUP then the lost terminal check: the full grace, no SIGKILL before it."""
     h = harness(2, grace=30.0)
-    h.policy.cancel(CancelSource.SIGNAL, "SIGHUP to the supervisor", HUP, cause="hang-up")
+    h.policy.cancel(CancelSource.SIGNAL, "SIGHUP to the supervisor", HUP)
     h.advance(0.26)
-    effect = h.policy.cancel(CancelSource.TERMINAL, "terminal closed", HUP, cause="hang-up")
+    effect = h.policy.cancel(CancelSource.TERMINAL, "terminal closed", HUP)
     assert effect == "merged"
     h.advance(29.0)
     assert h.effects.signals(KILL) == []
@@ -85,10 +85,8 @@ def test_a_hang_up_never_escalates_a_stop_under_way() -> None:
     h = harness(2, grace=30.0)
     h.policy.cancel(CancelSource.SIGNAL, "SIGTERM to the supervisor", TERM)
     h.advance(0.5)
-    assert h.policy.cancel(CancelSource.TERMINAL, "terminal closed", HUP,
-                           cause="hang-up") == "merged"
-    assert h.policy.cancel(CancelSource.SIGNAL, "SIGHUP to the supervisor", HUP,
-                           cause="hang-up") == "merged"
+    assert h.policy.cancel(CancelSource.TERMINAL, "terminal closed", HUP) == "merged"
+    assert h.policy.cancel(CancelSource.SIGNAL, "SIGHUP to the supervisor", HUP) == "merged"
     h.advance(29.0)
     assert h.effects.signals(KILL) == []
 

@@ -12,7 +12,7 @@ from scripted import scripted_app as make_app
 from textual.command import CommandList, CommandPalette
 
 from forgelm_tui.engine import events as ev
-from forgelm_tui.tui.screens.stacks import NOT_HERE, stacks_command, stacks_notice
+from forgelm_tui.tui.screens.stacks import stacks_notice
 from forgelm_tui.tui.widgets.verdict_panel import verdict_renderable
 
 pytestmark = pytest.mark.timeout(60)
@@ -61,9 +61,8 @@ async def test_t_asks_the_run_for_every_rank_s_stacks_and_shows_where_they_are()
         assert "/runs/x/rank-N.stacks.txt" in shown
 
 
-async def test_the_palette_has_capture_stacks_and_a_viewer_without_it_says_so() -> None:
-    app, run, prepare = make_app("running")  # the scripted run has no stacks command
-    assert stacks_command(run) is None
+async def test_the_palette_has_capture_stacks_and_a_run_that_cannot_says_so() -> None:
+    app, run, prepare = make_app("running")  # the scripted run starts no capture
     async with app.run_test(size=SIZE) as pilot:
         await prepare(pilot)
         await pilot.press("ctrl+p")
@@ -72,20 +71,8 @@ async def test_the_palette_has_capture_stacks_and_a_viewer_without_it_says_so() 
                              "the palette to offer Capture stacks")
         await pilot.press("enter")
         await pilot.pause()
-        assert NOT_HERE in _notices(app)
-        assert run.commands == []
-
-
-def test_a_session_s_supervisor_carries_the_command() -> None:
-    class Supervisor:
-        def request_stacks(self, origin: str = "operator") -> bool:
-            return origin == "operator"
-
-    class Session:
-        supervisor = Supervisor()
-
-    request = stacks_command(Session())
-    assert request is not None and request("operator")
+        assert any(n.startswith("No capture started") for n in _notices(app))
+        assert run.commands == [("stacks", "operator")]
 
 
 def _text(envelope: dict[str, Any]) -> str:

@@ -93,3 +93,26 @@ def test_no_import_cycle() -> None:
 def test_the_cycle_finder_finds_cycles() -> None:
     assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]
     assert import_cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_every_controller_target_has_the_one_command_signature() -> None:
+    """Keys, signals, viewers and the engine reach a run through the same commands with the
+    same signature (engine/controls.py): the session, the attempt's supervisor, an attached
+    viewer's handle and the tests' scripted run alike; no caller picks a policy's cause."""
+    import inspect
+
+    from scripted import ScriptedRun
+
+    from forgelm_tui.engine.controls import Controls
+    from forgelm_tui.engine.supervisor import Supervisor
+    from forgelm_tui.run import Session
+    from forgelm_tui.tui.attach import AttachedRun
+
+    commands = ("request_cancel", "kill_now", "forward", "request_stacks")
+    for target in (Session, Supervisor, AttachedRun, ScriptedRun):
+        for name in commands:
+            want = inspect.signature(getattr(Controls, name))
+            got = inspect.signature(getattr(target, name))
+            assert str(got) == str(want), f"{target.__name__}.{name}{got} is not {want}"
+    used = "".join(path.read_text() for path in (PACKAGE / "tui").rglob("*.py"))
+    assert "HANG_UP" not in used and "cause=" not in used  # views say what happened only

@@ -31,6 +31,7 @@ from forgelm_tui.control import paths
 from forgelm_tui.control.tails import TICK, OutputTails
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.codec import to_wire
+from forgelm_tui.engine.controls import Controls
 from forgelm_tui.engine.records import CancelSource
 from forgelm_tui.signames import signal_name, signal_number
 
@@ -44,18 +45,14 @@ FLUSH_WAIT = 1.0  # at the end, how long viewers get to read the last events
 BESIDE_OUTPUT = (ev.RankSampled, ev.RankProgressed, ev.RankEvidenceChanged)
 
 
-class Served(Protocol):
-    """What the server needs of a run (run.Session)."""
+class Served(Controls, Protocol):
+    """What the server needs of a run (run.Session): its commands are every controller's
+    (engine/controls.py)."""
 
     @property
     def run_id(self) -> str: ...
     def snapshot(self) -> ev.RunSnapshot: ...
     def subscribe(self, listener: Callable[[ev.Event], None]) -> None: ...
-    def request_cancel(self, origin: str = ..., sig: int = ..., *,
-                       source: CancelSource = ..., cause: str | None = ...) -> str: ...
-    def kill_now(self, origin: str = ..., source: CancelSource = ...) -> None: ...
-    def forward(self, sig: int, origin: str = ..., source: CancelSource = ...) -> None: ...
-    def request_stacks(self, origin: str = ...) -> bool: ...
 
 
 def line(message: dict[str, Any]) -> bytes:

@@ -27,6 +27,7 @@ from typing import Protocol
 
 from forgelm_tui import early_signals
 from forgelm_tui.engine import signal_inbox
+from forgelm_tui.engine.controls import Controls
 from forgelm_tui.engine.records import CancelSource
 from forgelm_tui.engine.signal_inbox import Sender
 from forgelm_tui.signames import signal_name
@@ -36,11 +37,8 @@ STACKS_REQUEST = signal.SIGQUIT  # to the supervisor: every rank's stacks, the r
 IGNORED: tuple[int, ...] = (signal.SIGPIPE, signal.SIGTTOU)
 
 
-class SignalTarget(Protocol):
+class SignalTarget(Controls, Protocol):
     def signalled(self, sig: int, sender: Sender | None = ...) -> None: ...  # a cancel
-    def request_stacks(self, origin: str = ...) -> bool: ...
-    def forward(self, sig: int, origin: str | None = ..., source: CancelSource = ...,
-                sender: Sender | None = ...) -> None: ...
 
 
 def ignore_terminal_signals() -> None:

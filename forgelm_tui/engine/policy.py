@@ -187,16 +187,17 @@ class StopPolicy:
 
     # ------------------------------------------------------------------ commands
 
-    def cancel(self, source: CancelSource, origin: str, sig: int, cause: str | None = None,
+    def cancel(self, source: CancelSource, origin: str, sig: int,
                sender: Sender | None = None) -> str:
         """A cancel request; returns its effect: "stop", "kill" or "merged".
 
-        ``cause`` names what the request stands for (``HANG_UP`` for SIGHUP and a lost terminal
-        alike): a cause already seen adds nothing, so one cause is never an escalation; and a
-        hang-up is never an escalation at all (a closed terminal is not a person asking again).
-        ``sender``: who sent the signal (engine/signal_inbox.py); a repeat from the scheduler,
-        or a burst from one process, is the same request (engine/outside.py).
+        What the request stands for, its cause (``_cause``): a cause already seen adds nothing,
+        so one cause is never an escalation; and a hang-up is never an escalation at all (a
+        closed terminal is not a person asking again). ``sender``: who sent the signal
+        (engine/signal_inbox.py); a repeat from the scheduler, or a burst from one process, is
+        the same request (engine/outside.py).
         """
+        cause = self._cause(source, sig)
         if source is CancelSource.SIGNAL:
             self._explain(sig)
         repeat = self.outside.is_repeat(sender)
@@ -216,9 +217,14 @@ class StopPolicy:
             self.escalate(f"second cancel by {origin}: kill now")
         return effect
 
-    def signal_cause(self) -> str | None:
-        """What a stop signal to the supervisor stands for: the first may be one a scheduler
-        sent every node (another node's stop record may have brought that cause already)."""
+    def _cause(self, source: CancelSource, sig: int) -> str | None:
+        """What a cancel stands for: SIGHUP and a closed terminal are one hang-up, whoever
+        reports it; the first stop signal to the supervisor may be one a scheduler sent every
+        node (another node's stop record may have brought that cause already)."""
+        if sig == signal.SIGHUP:
+            return HANG_UP
+        if source is not CancelSource.SIGNAL:
+            return None
         first, self._signalled = not self._signalled, True
         return OUTSIDE_SIGNAL if first else None
 

@@ -23,7 +23,7 @@ from forgelm_tui.engine.faults import FaultGuard, SupervisorError, listener_name
 from forgelm_tui.engine.guardian import Guardian
 from forgelm_tui.engine.held_forwards import HeldForwards
 from forgelm_tui.engine.output import OutputDrain
-from forgelm_tui.engine.policy import HANG_UP, OUTSIDE_SIGNAL, Peers, StopPolicy, settings_for
+from forgelm_tui.engine.policy import OUTSIDE_SIGNAL, Peers, StopPolicy, settings_for
 from forgelm_tui.engine.processes import RankProcesses
 from forgelm_tui.engine.progress import ProgressReader
 from forgelm_tui.engine.records import (
@@ -249,10 +249,10 @@ class Supervisor:
 
     def request_cancel(self, origin: str = "operator", sig: int = signal.SIGINT, *,
                        source: CancelSource = CancelSource.OPERATOR,
-                       cause: str | None = None, sender: Sender | None = None) -> str:
+                       sender: Sender | None = None) -> str:
         """Stop every rank gracefully; its effect: "stop", "kill" or "merged" (policy.py)."""
         with self._signals_first():
-            return self._policy.cancel(source, origin, sig, cause, sender)
+            return self._policy.cancel(source, origin, sig, sender)
 
     def kill_now(self, origin: str = "operator",
                  source: CancelSource = CancelSource.OPERATOR) -> None:
@@ -274,8 +274,9 @@ class Supervisor:
         with self._signals_first():
             self._policy.kill_pass(reason)
 
-    def forward(self, sig: int, origin: str | None = None,
-                source: CancelSource = CancelSource.SIGNAL, sender: Sender | None = None) -> None:
+    def forward(self, sig: int, origin: str | None = "operator",
+                source: CancelSource = CancelSource.OPERATOR,
+                sender: Sender | None = None) -> None:
         """A signal to every live rank's main process, nothing stopped; the scheduler's is held
         for ranks without a handler yet, or only recorded if it reached them (held_forwards)."""
         origin = origin or f"{signal_name(sig)} to the supervisor"
@@ -393,7 +394,6 @@ class Supervisor:
 
     def signalled(self, sig: int, sender: Sender | None = None) -> None:
         """A stop signal to the supervisor (engine/own_signals.py): a cancel."""
-        cause = HANG_UP if sig == signal.SIGHUP else self._policy.signal_cause()
         named = self.hangup_origin() if sig == signal.SIGHUP else None
         source, origin = named or (CancelSource.SIGNAL, f"{signal_name(sig)} to the supervisor")
-        self.request_cancel(origin, sig, source=source, cause=cause, sender=sender)
+        self.request_cancel(origin, sig, source=source, sender=sender)

@@ -24,7 +24,6 @@ from textual.widgets import DataTable, Static
 
 from forgelm_tui.ending import RunEnding
 from forgelm_tui.engine import events as ev
-from forgelm_tui.engine.policy import HANG_UP
 from forgelm_tui.engine.records import CancelSource
 from forgelm_tui.signames import signal_name, signal_number
 from forgelm_tui.tui.attempt import follow_attempts
@@ -143,7 +142,7 @@ class SupervisorApp(StacksActions):
             self.terminal.hard_exit(self.ending.verdict.code)
         else:  # the same cause as the SIGHUP that usually came first: merged, never a kill
             self.run_handle.request_cancel(TERMINAL_CLOSED, signal.SIGHUP,
-                                           source=CancelSource.TERMINAL, cause=HANG_UP)
+                                           source=CancelSource.TERMINAL)
 
     def panic(self, *renderables: RenderableType) -> None:
         """Textual's input thread fails on a hung-up terminal (EIO) and asks the app to panic:

@@ -23,6 +23,7 @@ from forgelm_tui.control.reconnect import connect_again
 from forgelm_tui.ending import RunEnding
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.records import CancelSource
+from forgelm_tui.engine.signal_inbox import Sender
 from forgelm_tui.signames import signal_name
 from forgelm_tui.tui.app import SupervisorApp
 from forgelm_tui.tui.attempt import restore
@@ -79,16 +80,19 @@ class AttachedRun:
 
     def request_cancel(self, origin: str = "operator", sig: int = signal.SIGINT, *,
                        source: CancelSource = CancelSource.OPERATOR,
-                       cause: str | None = None) -> str:
+                       sender: Sender | None = None) -> str:
         if source is CancelSource.TERMINAL:  # this viewer's terminal closed: it leaves
             self.detach()
             return "merged"
         return "stop" if self._send("cancel") else "merged"
 
-    def kill_now(self, origin: str = "operator") -> None:
+    def kill_now(self, origin: str = "operator",
+                 source: CancelSource = CancelSource.OPERATOR) -> None:
         self._send("kill")
 
-    def forward(self, sig: int) -> None:
+    def forward(self, sig: int, origin: str | None = "operator",
+                source: CancelSource = CancelSource.OPERATOR,
+                sender: Sender | None = None) -> None:
         self._send("forward", signal=signal_name(sig))
 
     def request_stacks(self, origin: str = "operator") -> bool:

@@ -3,7 +3,6 @@ the run dir; the run goes on. The same as SIGQUIT to the supervisor (docs/progre
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from textual.app import App
@@ -14,19 +13,6 @@ from forgelm_tui.engine.sanitize import sanitize_line
 from forgelm_tui.engine.stack_text import short_frame
 from forgelm_tui.tui.handle import RunHandle
 from forgelm_tui.tui.model import RunModel
-
-NOT_HERE = ("Capturing stacks is not available in this viewer: send SIGQUIT to the run's "
-            "supervisor (kill -QUIT PID), or press t in the TUI that launched it.")
-
-
-def stacks_command(handle: object) -> Callable[[str], bool] | None:
-    """The run's ``request_stacks``: on the handle (an attached viewer's: the control
-    protocol's ``stacks``), or on the supervisor of the launching TUI's session."""
-    for owner in (handle, getattr(handle, "supervisor", None)):
-        request = getattr(owner, "request_stacks", None)
-        if callable(request):
-            return request  # type: ignore[no-any-return]
-    return None
 
 
 def stacks_notice(event: ev.StacksCaptured) -> str:
@@ -55,18 +41,14 @@ class StacksActions(App[int]):
         if self.ending is not None:
             self.notify("The run has ended: the stacks it captured are in the verdict.")
             return
-        request = stacks_command(self.run_handle)
-        if request is None:
-            self.notify(NOT_HERE, severity="warning")
-            return
         if not self._stacks_listening:
             self._stacks_listening = True
             self.run_handle.subscribe(self._on_stacks)
-        if request("operator"):
+        if self.run_handle.request_stacks("operator"):
             self.notify("Capturing every live rank's stacks (at most 2 s); the run goes on.")
         else:
-            self.notify("No capture started: one is under way (its result follows), or no "
-                        "rank is running.")
+            self.notify("No capture started: one is under way (its result follows), no rank "
+                        "is running, or this viewer is read-only.")
 
     def _on_stacks(self, event: Any) -> None:
         if isinstance(event, ev.StacksCaptured) and event.reason.startswith("requested by"):
