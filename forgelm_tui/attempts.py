@@ -120,10 +120,9 @@ class AttemptChain:
         return None if waited else backoff.cancel_request
 
     def next(self, spec: LaunchSpec) -> Supervisor:
-        """The next attempt's supervisor: the same listeners, the same view hooks."""
-        previous = self.supervisor
-        self.supervisor = Supervisor(spec, guardian=self._guardian)
-        self.supervisor.hangup_origin = previous.hangup_origin
+        """The next attempt's supervisor: the same listeners, the same hooks."""
+        self.supervisor = Supervisor(spec, guardian=self._guardian,
+                                     hooks=self.supervisor.hooks)
         for listener in self._listeners:
             self.supervisor.subscribe(listener)
         return self.supervisor

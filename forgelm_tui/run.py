@@ -21,6 +21,7 @@ from forgelm_tui.control.server import serving
 from forgelm_tui.ending import RunEnding
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.guardian import Guardian
+from forgelm_tui.engine.hooks import Hooks
 from forgelm_tui.engine.loop import new_loop
 from forgelm_tui.engine.own_signals import OwnSignals, take_senders
 from forgelm_tui.engine.records import CancelRequest, CancelSource
@@ -54,8 +55,9 @@ class Session:
             from forgelm_tui.cluster.link import LinkPeers
 
             peers = LinkPeers()
-        self.chain = AttemptChain(Supervisor(plan.spec, guardian=guardian, peers=peers),
-                                  guardian)
+        self.hooks = Hooks()  # the node's join and publish, the view's hang-up: every attempt's
+        self.chain = AttemptChain(Supervisor(plan.spec, guardian=guardian, peers=peers,
+                                             hooks=self.hooks), guardian)
         self.report = RunReport(plan, supervisor=self.supervisor)
         self.subscribe(self.report.on_event)
         self.scheduler_cause = SchedulerCause(os.environ, lambda: self.supervisor,

@@ -116,9 +116,9 @@ def test_another_node_s_stall_record_waits_for_this_node_s_stacks() -> None:
     h.effects.hold_stacks = True
     record = StopRecord(StopKind.STALL, "stalled (on node 0)", "stall", None, 1.0, 0.0,
                         grace=7.0, origin_node=0)
-    h.policy.adopt(record)
+    h.policy.apply_stop(record)
     assert h.policy.stop is None and len(h.effects.captures) == 1
-    h.policy.adopt(record)  # read again at the next poll: still one capture
+    h.policy.apply_stop(record)  # read again at the next poll: still one capture
     assert len(h.effects.captures) == 1
     h.effects.captures[0][2]()
     stop = h.policy.stop
@@ -126,7 +126,7 @@ def test_another_node_s_stall_record_waits_for_this_node_s_stacks() -> None:
                                                                              7.0, 0)
     other = harness(2, stacks_deadline=2.0, node_rank=1)
     other.effects.hold_stacks = True
-    other.policy.adopt(StopRecord(StopKind.CANCEL, "cancelled (on node 0)", "operator",
+    other.policy.apply_stop(StopRecord(StopKind.CANCEL, "cancelled (on node 0)", "operator",
                                   signal.SIGINT, 1.0, 0.0, grace=7.0, origin_node=0))
     assert other.policy.stop is not None and other.effects.captures == []  # at once
 
@@ -135,7 +135,7 @@ def test_this_node_s_own_stall_takes_the_agreed_record_if_it_comes_meanwhile() -
     h = harness(2, stall_timeout=5.0, stacks_deadline=2.0, node_rank=1)
     h.effects.hold_stacks = True
     _stall(h)  # this node declared it too and is capturing
-    h.policy.adopt(StopRecord(StopKind.STALL, "stalled (on node 0)", "stall", None, 1.0, 0.0,
+    h.policy.apply_stop(StopRecord(StopKind.STALL, "stalled (on node 0)", "stall", None, 1.0, 0.0,
                               grace=7.0, origin_node=0))
     h.effects.captures[0][2]()
     stop = h.policy.stop

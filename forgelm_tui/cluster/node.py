@@ -22,6 +22,7 @@ from forgelm_tui.ending import RunEnding
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.codec import to_wire
 from forgelm_tui.engine.events import NodeState
+from forgelm_tui.engine.hooks import Hooks
 from forgelm_tui.engine.supervisor import Supervisor
 from forgelm_tui.plan import Plan
 from forgelm_tui.private_files import make_private_dir
@@ -46,6 +47,7 @@ class Session(Protocol):
     """What a node's part needs of run.Session (no import: run.py imports this module)."""
 
     plan: Plan
+    hooks: Hooks
 
     @property
     def report(self) -> Report: ...
@@ -62,8 +64,8 @@ class NodeRun:
         self.config = session.plan.cluster
         self.peers = peers
         self.sup = session.supervisor
-        self.sup.before_launch = self.join
-        self.sup.local_done = self.local_done
+        session.hooks.before_launch = self.join
+        session.hooks.local_done = self.local_done
         self.joiner: Joiner | None = None
         self.membership: Membership | None = None
         self.link: NodeLink | None = None
@@ -91,7 +93,7 @@ class NodeRun:
         except (StoreLost, StoreTimeout) as exc:
             self.sup.refuse_launch(f"control store: {exc}")
             return
-        error = self._adopt(membership)
+        error = self._settle(membership)
         if error is not None:
             self.sup.refuse_launch(error)
             return
@@ -100,7 +102,7 @@ class NodeRun:
         self.link = NodeLink(self.sup, membership, self.config, joiner.store, self.peers)
         self.link.start(loop)
 
-    def _adopt(self, membership: Membership) -> str | None:
+    def _settle(self, membership: Membership) -> str | None:
         """The plan as the join settled it: run id, node rank, master address, run dir."""
         session, plan = self.session, self.session.plan
         root = plan.cluster_root or Path("forgelm-tui-runs").absolute() / membership.run_id
@@ -113,7 +115,7 @@ class NodeRun:
             plan.spec, run_id=membership.run_id, run_dir=run_dir,
             node_rank=membership.node_rank, nnodes=membership.nnodes,
             master_addr=membership.master_addr, master_port=membership.master_port)
-        self.sup.adopt(spec)
+        self.sup.settle(spec)
         info = plan.info
         info.run_id, info.run_dir, info.node_rank = membership.run_id, str(run_dir), spec.node_rank
         info.master_addr, info.master_port = spec.master_addr, spec.master_port

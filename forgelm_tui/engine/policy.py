@@ -284,7 +284,7 @@ class StopPolicy:
         self.effects.emit(ev.GraceExtended(grace, why, self.wall()))
         return True
 
-    def adopt(self, stop: StopRecord) -> None:
+    def apply_stop(self, stop: StopRecord) -> None:
         """Another node's stop record (SPEC §8): this node's ranks stop the same way, with the
         record's grace and origin; after a stall, once this node's stacks are in too."""
         how: dict[str, Any] = {"sig": stop.signal, "grace": stop.grace,

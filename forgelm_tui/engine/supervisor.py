@@ -11,7 +11,7 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from forgelm_tui.channel import CHANNEL_ENV, STACKS_ENV, STACKS_SIGNAL, Message
 from forgelm_tui.engine import events as ev
@@ -22,6 +22,7 @@ from forgelm_tui.engine.fanout import Fanout, Listener
 from forgelm_tui.engine.faults import FaultGuard, SupervisorError, listener_name
 from forgelm_tui.engine.guardian import Guardian
 from forgelm_tui.engine.held_forwards import HeldForwards
+from forgelm_tui.engine.hooks import Hooks
 from forgelm_tui.engine.output import OutputDrain
 from forgelm_tui.engine.policy import OUTSIDE_SIGNAL, Peers, StopPolicy, settings_for
 from forgelm_tui.engine.processes import RankProcesses
@@ -50,8 +51,10 @@ class Supervisor:
     """Runs one node's ranks from a :class:`LaunchSpec` until every rank has ended."""
 
     def __init__(self, spec: LaunchSpec, *, guardian: Guardian | None = None,
-                 base_env: Mapping[str, str] | None = None, peers: Peers | None = None) -> None:
+                 base_env: Mapping[str, str] | None = None, peers: Peers | None = None,
+                 hooks: Hooks | None = None) -> None:
         self.spec = spec
+        self.hooks = hooks or Hooks()
         self.records = {spec.global_rank(local): rank_record(spec, local)
                         for local in range(spec.nproc_per_node)}
         self.launch_error: str | None = None
@@ -78,12 +81,6 @@ class Supervisor:
         self._local_done = False
         self._finishing = False
         self.faults = FaultGuard(self._fault_stop, lambda: not self._ranks_gone)
-        # Multi-node (SPEC §8): awaited before any rank starts (the join), and told when this
-        # node's own ranks are over (the node publishes its records) while other nodes run on.
-        self.before_launch: Callable[[], Awaitable[None]] | None = None
-        self.local_done: Callable[[], None] = lambda: None
-        # A view that knows the terminal may name what a SIGHUP stood for (a closed terminal).
-        self.hangup_origin: Callable[[], tuple[CancelSource, str] | None] = lambda: None
 
     # ----------------------------------------------------------------- what views read
 
@@ -136,8 +133,8 @@ class Supervisor:
         self.started_at = time.time()
         channel = self._open_channel(loop)
         try:
-            if self.before_launch is not None and self.stop is None:
-                await self.before_launch()
+            if self.hooks.before_launch is not None and self.stop is None:
+                await self.hooks.before_launch()
             self.emit(ev.RunStarted(self.spec.run_id, self.spec.world_size, self.spec.shown_argv,
                                     str(self.spec.run_dir), self.started_at,
                                     self.spec.node_rank, self.spec.nnodes))
@@ -158,7 +155,7 @@ class Supervisor:
             self.forwards.extend(self._held.close())  # held, never (fully) passed on
         self.emit(ev.RunFinished(self.ended_at))
 
-    def adopt(self, spec: LaunchSpec) -> None:
+    def settle(self, spec: LaunchSpec) -> None:
         """Before the launch only: the spec as the join settled it (run id, node rank, ports,
         run dir). The records are rebuilt in place: the policy holds the same mapping."""
         assert not self._launched
@@ -266,7 +263,7 @@ class Supervisor:
         if stop.source == CancelSource.SIGNAL.value:
             self._policy.note_cause(OUTSIDE_SIGNAL)
         with self._signals_first():
-            self._policy.adopt(stop)  # a stall: this node's stacks first, as for its own
+            self._policy.apply_stop(stop)  # a stall: this node's stacks first, as for its own
         self._check_finished()
 
     def apply_kill(self, reason: str) -> None:
@@ -350,7 +347,7 @@ class Supervisor:
         if not self._local_done:
             self._local_done = True
             self._timers.cancel("eof")
-            self.local_done()
+            self.hooks.local_done()
         if not self._peers.live():
             self._finish()
 
@@ -394,6 +391,6 @@ class Supervisor:
 
     def signalled(self, sig: int, sender: Sender | None = None) -> None:
         """A stop signal to the supervisor (engine/own_signals.py): a cancel."""
-        named = self.hangup_origin() if sig == signal.SIGHUP else None
+        named = self.hooks.hangup_origin() if sig == signal.SIGHUP else None
         source, origin = named or (CancelSource.SIGNAL, f"{signal_name(sig)} to the supervisor")
         self.request_cancel(origin, sig, source=source, sender=sender)

@@ -27,7 +27,7 @@ def execute_tui(plan: Plan) -> int:
     take_senders(plan.spec.forward_signals)  # ...and this before any thread too
     session = Session(plan, guardian)
     app = build_app(session, terminal_fd=_terminal_fd(), before_hard_exit=guardian.close)
-    session.supervisor.hangup_origin = app.hangup_origin
+    session.hooks.hangup_origin = app.hangup_origin
     session.subscribe(storage_notice(app))
     try:
         with asyncio.Runner(loop_factory=new_loop) as runner:  # a rank's exit first
