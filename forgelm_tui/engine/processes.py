@@ -67,7 +67,7 @@ class RankProcesses:
         """Reap, tell (the peers' SIGTERM goes out there), then forget the pidfd."""
         proc = self.procs[record.rank]
         returncode = proc.returncode if pidfd is None else _reap(pidfd)
-        if returncode is None:  # reaped elsewhere (cannot happen: the ranks are ours alone)
+        if returncode is None:  # no P_PIDFD here (_reap): the ended rank, reaped by pid
             returncode = proc.wait()
         proc.returncode = returncode  # Popen knows it ended: no ResourceWarning, no waitpid
         try:
@@ -101,7 +101,7 @@ def _reap(pidfd: int) -> int | None:
     """The ended process's returncode, as Popen gives it (-N: killed by signal N)."""
     try:
         info = os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOHANG)
-    except ChildProcessError:
+    except OSError:  # a kernel with pidfd_open but no P_PIDFD (5.3): Popen's waitpid then
         return None
     if info is None:
         return None
