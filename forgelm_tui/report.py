@@ -75,7 +75,7 @@ class RunReport:
         return results
 
     def build_envelope(self, *, provisional: bool,
-               agreement: dict[str, Any] | None = None) -> dict[str, Any]:
+                       agreement: dict[str, Any] | None = None) -> dict[str, Any]:
         """The envelope: the attempt under way (the last one), with every attempt's entry."""
         sup = self.supervisor
         index = sup.spec.restart_count

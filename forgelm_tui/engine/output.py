@@ -77,15 +77,16 @@ class OutputDrain:
             self._streams[fd] = (record, stream, splitter)
             self._loop.add_reader(fd, self._readable, record, stream, fd, splitter)
 
-    def read_rest(self, record: RankRecord, most: int) -> None:
+    def read_rest(self, record: RankRecord) -> None:
         """The rank was reaped: let its pipes end (OutputPipes) and read what it left in them
-        now, up to ``most`` bytes a pipe (what one holds: a descendant's is read as usual)."""
+        now, as much as a pipe holds (what a descendant writes on is read as usual)."""
         pipes = self._pipes.get(record.rank)
-        if pipes is not None:
-            pipes.release_writers()
+        if pipes is None:
+            return
+        pipes.release_writers()
         for fd, (owner, stream, splitter) in list(self._streams.items()):
             if owner is record:
-                for _ in range(most // READ_CHUNK + 2):
+                for _ in range(pipes.size // READ_CHUNK + 2):
                     if not self._readable(record, stream, fd, splitter):
                         break
 

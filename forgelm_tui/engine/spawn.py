@@ -67,6 +67,7 @@ class OutputPipes:
     stdout: int
     stderr: int
     writers: list[int]
+    size: int = PIPE_DEFAULT  # the room asked for in each: the most an ended rank left there
 
     def release_writers(self) -> None:
         while self.writers:
@@ -88,7 +89,7 @@ def spawn_rank(
     """Start one rank in its own session with its output in pipes (OutputPipes)."""
     out_r, out_w = os.pipe2(os.O_CLOEXEC)
     err_r, err_w = os.pipe2(os.O_CLOEXEC)  # the rank's fds 1 and 2 are dup2'd: no CLOEXEC
-    pipes = OutputPipes(out_r, err_r, [out_w, err_w])
+    pipes = OutputPipes(out_r, err_r, [out_w, err_w], max(pipe_size, PIPE_DEFAULT))
     try:
         for fd in (out_r, err_r):
             os.set_blocking(fd, False)  # the read ends only: the rank writes as ever

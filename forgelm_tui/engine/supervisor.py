@@ -76,7 +76,6 @@ class Supervisor:
         self._stacks = StackCapture(spec.run_dir, self._signal_for_stacks, self.emit,
                                     deadline=spec.stacks_deadline, py_spy=find_py_spy())
         self._launched = False
-        self._pipe_size = 0  # set at the launch, from the spec the join settled
         self._ranks_gone = False
         self._local_done = False
         self._finishing = False
@@ -173,16 +172,16 @@ class Supervisor:
 
     def _spawn_all(self, channel: ChannelServer | None) -> None:
         self._launched = True
-        self._pipe_size = pipe_capacity(self.spec.nproc_per_node)
         if self.stop is not None:
             return  # cancelled before the launch: no rank is started
         extra = {CHANNEL_ENV: channel.name, STACKS_ENV: str(STACKS_SIGNAL)} if channel else {}
+        pipe_size = pipe_capacity(self.spec.nproc_per_node)
         for record in self.records.values():
             env = {**rank_env(self.spec, record.local_rank, self._base_env), **extra}
             try:
                 with self._drain.logs_for(record) as logs:  # open first: no rank without logs
                     pid, pipes = self._processes.start(record, self.spec.argv, env,
-                                                       self.spec.cwd, self._pipe_size)
+                                                       self.spec.cwd, pipe_size)
                 self._drain.attach(record, pipes, logs)
             except OSError as exc:
                 self.launch_error = f"cannot start rank {record.rank}: {exc.strerror or exc}"
@@ -219,7 +218,7 @@ class Supervisor:
             del held[before:]
             # then what the rank wrote last (its pidfd came first: engine/loop.py), its exit,
             # and what the exit caused
-            self._drain.read_rest(record, self._pipe_size)
+            self._drain.read_rest(record)
             held.append(ev.RankExited(record.rank, record.exit_code, record.signal,
                                       record.signalled_first, record.ended_at or time.time()))
             held.extend(caused)
