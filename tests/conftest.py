@@ -269,9 +269,17 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The real-SLURM tests first (a stable sort, the same in every xdist worker): their jobs,
-    submitted together, then run while the rest of the suite does (tests/slurm_jobs.py)."""
-    items.sort(key=lambda item: item.get_closest_marker("slurm") is None)
+    """The real-SLURM tests first: their jobs, submitted together, then run while the rest of
+    the suite does (tests/slurm_jobs.py). Then the files that take longest (file_costs.json):
+    each file goes to one xdist worker (``--dist loadfile --no-loadscope-reorder``), so the
+    longest start first and the session ends on short files, with every worker busy until
+    then (and an import a file's tests share is paid by one worker only). A stable sort, the
+    same in every worker."""
+    from cpu_accounting import FILE_COST_DEFAULT, file_costs
+
+    costs = file_costs()
+    items.sort(key=lambda item: (item.get_closest_marker("slurm") is None,
+                                 -costs.get(item.nodeid.split("::")[0], FILE_COST_DEFAULT)))
 
 
 __all__ = ["RANKS", "FakeClock", "Run", "make_plan", "pid_alive", "rank_record", "rank_script",

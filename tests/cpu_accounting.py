@@ -3,6 +3,11 @@ supervisors included once reaped), a line of JSON per test, one file per worker.
 
     CPU_ACCOUNTING=/tmp/acct pytest               # conftest loads this plugin then
     python tests/cpu_accounting.py /tmp/acct      # per file, the 40 costliest tests, the tail
+    python tests/cpu_accounting.py /tmp/acct --save   # and each file's wall -> file_costs.json
+
+file_costs.json orders the session: the files that take longest start first, each file on one
+xdist worker (conftest.py), so the run does not end on one long file while the other workers
+idle. A file it does not name counts as FILE_COST_DEFAULT seconds.
 
 CPU is the figure to compare on a shared machine: wall moves with the load, CPU much less.
 """
@@ -66,5 +71,26 @@ def report(directory: Path) -> None:
             print(f"{begin:6.1f} .. {begin + r['wall']:6.1f}  {r['id']}")
 
 
+COSTS = Path(__file__).with_name("file_costs.json")
+FILE_COST_DEFAULT = 2.0
+
+
+def file_walls(directory: Path) -> dict[str, float]:
+    """Each test file's wall (its tests' summed), as one run measured it."""
+    walls: dict[str, float] = collections.defaultdict(float)
+    for path in directory.glob("*.jsonl"):
+        for line in path.open():
+            row = json.loads(line)
+            walls[row["id"].split("::")[0]] += row["wall"]
+    return {name: round(wall, 1) for name, wall in sorted(walls.items())}
+
+
+def file_costs() -> dict[str, float]:
+    return json.loads(COSTS.read_text()) if COSTS.exists() else {}
+
+
 if __name__ == "__main__":
     report(Path(sys.argv[1]))
+    if "--save" in sys.argv[2:]:
+        COSTS.write_text(json.dumps(file_walls(Path(sys.argv[1])), indent=1) + "\n")
+        print(f"\nwrote {COSTS}")

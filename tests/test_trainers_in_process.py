@@ -1,8 +1,7 @@
 """Real HF and Lightning Trainers training a tiny random model in this process (single process,
 CPU, nothing downloaded): every test of the suite that does, in one module, so that one xdist
 worker pays the libraries' import (~7 s of CPU: Lightning imports transformers too, through
-torchmetrics) rather than three (worksteal hands a module's tests to one worker unless another
-runs dry).
+torchmetrics) rather than three (`--dist loadfile`: a module's tests run on one worker).
 
 - The rank helpers' callbacks say "still alive" while a Trainer evaluates and saves (a recording
   channel notes every message and the hook that sent it), and the graceful runner gives every HF
