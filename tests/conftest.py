@@ -268,18 +268,32 @@ def pytest_configure(config: pytest.Config) -> None:
         start_lint_jobs()
 
 
+@pytest.hookimpl(trylast=True)  # after -m and -k have deselected
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The real-SLURM tests first: their jobs, submitted together, then run while the rest of
-    the suite does (tests/slurm_jobs.py). Then the files that take longest (file_costs.json):
-    each file goes to one xdist worker (``--dist loadfile --no-loadscope-reorder``), so the
-    longest start first and the session ends on short files, with every worker busy until
-    then (and an import a file's tests share is paid by one worker only). A stable sort, the
-    same in every worker."""
+    """The session's order, the same in every xdist worker (a stable sort of what each
+    collected). Each file goes to one worker (``--dist loadfile --no-loadscope-reorder``), in
+    this order:
+
+    - the real-SLURM tests first: their jobs, submitted together, then run while the rest of
+      the suite does (tests/slurm_jobs.py);
+    - without them, the files that take longest first (file_costs.json), so the session ends on
+      short files with every worker busy until then;
+    - with them, the shortest first: for about 90 s the SLURM jobs' ranks (both test nodes
+      live on this machine's 2 cores) keep 20-50 processes runnable, and a real-process test
+      started then, a multi-node or tmux one, starves past its deadlines (seen in CI:
+      45-90 s without a demo's first step); the in-process files fill that time instead.
+    """
     from cpu_accounting import FILE_COST_DEFAULT, file_costs
 
     costs = file_costs()
-    items.sort(key=lambda item: (item.get_closest_marker("slurm") is None,
-                                 -costs.get(item.nodeid.split("::")[0], FILE_COST_DEFAULT)))
+    slurm = any(item.get_closest_marker("slurm") for item in items)
+    sign = 1 if slurm else -1
+
+    def order(item: pytest.Item) -> tuple[bool, float]:
+        cost = costs.get(item.nodeid.split("::")[0], FILE_COST_DEFAULT)
+        return item.get_closest_marker("slurm") is None, sign * cost
+
+    items.sort(key=order)
 
 
 __all__ = ["RANKS", "FakeClock", "Run", "make_plan", "pid_alive", "rank_record", "rank_script",
