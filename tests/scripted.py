@@ -127,8 +127,9 @@ def start_ranks(run: ScriptedRun, clock: FakeClock, quiet: int | None = None) ->
     clock.advance(2)
     for rank in range(run.world_size):
         is_quiet = rank == quiet
-        run.emit(ev.RankSampled(rank, 0.0 if is_quiet else 97.5 - rank, 1_503_238_553 + rank
-                                * 1_048_576, 2, 42.0 if is_quiet else 2.0, HANDLES_USR))
+        run.emit(ev.RankSampled(rank, {"cpu": 0.0 if is_quiet else 97.5 - rank,
+                                       "rss": 1_503_238_553 + rank * 1_048_576, "children": 2},
+                                42.0 if is_quiet else 2.0, HANDLES_USR))
         if is_quiet:
             _state(run, rank, RankState.QUIET)
 
@@ -186,8 +187,8 @@ def state_training(run: ScriptedRun, clock: FakeClock) -> None:
                 run.emit(ev.RankOutput.of(rank, Stream.STDOUT, (f"step {step}/1200 loss {loss}",)))
         clock.advance(0.5)
     for rank in range(run.world_size):
-        run.emit(ev.RankSampled(rank, 99.0 - rank, 2_147_483_648 + rank * 1_048_576, 2, 0.5,
-                                HANDLES_USR))
+        run.emit(ev.RankSampled(rank, {"cpu": 99.0 - rank, "rss": 2_147_483_648 + rank * 1_048_576,
+                                       "children": 2}, 0.5, HANDLES_USR))
 
 
 def _records(world: int, ends: dict[int, tuple[int | None, int | None, float, list[SignalSent]]],

@@ -35,7 +35,8 @@ VERDICT = Verdict(2, "EXIT_TRAINING_ERROR", "runtime error", "investigate logs",
 RANK = ev.RankSnapshot(1, 1, 0, 4242, RankState.STOPPING, 1.5, None, None, None,
                        (SignalSent(15, 2.0, "cancelled by operator", Purpose.STOP),),
                        "step 3 \u00e9", 2.5, 3, 10, {"loss": 0.25}, ProgressSource.CHANNEL,
-                       12.5, 1 << 30, 2, progress_evidence=ProgressEvidence.STEPS,
+                       {"cpu": 12.5, "rss": 2.0**30, "children": 2.0},
+                       progress_evidence=ProgressEvidence.STEPS,
                        gpu=ev.RankGpu(1, (ev.GpuDevice(0, "GPU-a", "H100", 87.0, 30 << 30,
                                                        80 << 30, 61, 250.5),), 5 << 30))
 GPU = ev.GpuDevice(0, "GPU-a", "H100", 87.0, 30 << 30, 80 << 30, 61, 250.5)
@@ -46,7 +47,7 @@ EXAMPLES: list[Any] = [
     ev.RankStarted(0, 0, 4242, 1.25),
     ev.RankStateChanged(0, RankState.QUIET),
     ev.RankOutput(1, Stream.STDERR, b"line one\n\xff\xfe not utf-8 \x1b[31m\r\nlast"),
-    ev.RankSampled(0, 97.5, 1 << 31, 3, 4.5, 0x202, 1 << 63),
+    ev.RankSampled(0, {"cpu": 97.5, "rss": 2.0**31, "children": 3.0}, 4.5, 0x202, 1 << 63),
     ev.GpuSampled((GPU, ev.GpuDevice(1, "GPU-b", "H100", None, None, None, lost=True)),
                   (ev.RankGpu(0, (GPU,), 5 << 30), ev.RankGpu(1, (), None)), 2.5),
     ev.RankSignalled(0, 40, Purpose.FORWARD, "SIGRTMIN+6 forwarded", 2.0),

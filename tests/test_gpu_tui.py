@@ -66,7 +66,7 @@ def test_a_late_viewer_sees_the_gpus_from_the_snapshot() -> None:
     seen.apply(ev.GpuSampled(tuple(shown), (gpu,), T))
     late = RunModel("r", ["x"], 2)
     snap = ev.RankSnapshot(1, 1, 0, 42, ev.RankState.RUNNING, T, None, None, None, (), "", None,
-                           None, None, {}, None, 0.0, 0, 0, gpu=gpu)
+                           None, None, {}, None, {}, gpu=gpu)
     late.restore(ev.RunSnapshot("r", 2, ("x",), "/r", T, (snap,), gpus=tuple(shown)))
     assert (late.gpu.devices, late.gpu.ranks, late.gpu.seen) == (
         seen.gpu.devices, seen.gpu.ranks, True)

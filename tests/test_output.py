@@ -133,7 +133,7 @@ def test_headless_lines_for_engine_events() -> None:
     read_fd, write_fd = os.pipe()
     sink = OutputSink(write_fd)
     view = HeadlessView(sink)
-    for event in (ev.RankSampled(1, 0.0, 1 << 20, 0, 12.4),
+    for event in (ev.RankSampled(1, {"cpu": 0.0, "rss": 1 << 20, "children": 0}, 12.4),
                   ev.RankStateChanged(1, RankState.QUIET),
                   ev.RankSignalled(0, 40, Purpose.FORWARD, "SIGRTMIN+6 forwarded", 1.0),
                   ev.RunStopping(StopKind.FORWARDED, "rank 0 ended on SIGUSR1", "forwarded signal",

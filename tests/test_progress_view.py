@@ -116,7 +116,7 @@ def test_a_snapshot_restores_the_curve() -> None:
     model, _ = _model(1)
     snap = ev.RankSnapshot(
         0, 0, 0, 100, RankState.RUNNING, T0, None, None, None, (), "", None, 7, 10,
-        {"loss": 1.0}, ProgressSource.CHANNEL, 0.0, 0, 0,
+        {"loss": 1.0}, ProgressSource.CHANNEL, {},
         metrics_history=(MetricSeries("loss", ((1, 3.0), (7, 1.0))),))
     model.restore(ev.RunSnapshot("r", 1, ("x",), "/r", T0, (snap,)))
     assert model.ranks[0].history.metrics.curve() == ((1, 3.0), (7, 1.0))

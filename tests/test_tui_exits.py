@@ -126,7 +126,8 @@ async def test_forwarding_warns_about_ranks_without_a_handler() -> None:
     app, run, prepare = scripted_app("running")
     async with app.run_test(size=SIZE) as pilot:
         await prepare(pilot)
-        run.emit(ev.RankSampled(2, 50.0, 1 << 30, 0, 1.0, caught_mask=1 << 11, ignored_mask=0))
+        run.emit(ev.RankSampled(2, {"cpu": 50.0, "rss": 1 << 30, "children": 0}, 1.0,
+                                caught_mask=1 << 11, ignored_mask=0))
         app.action_forward("SIGUSR1")
         await pilot.pause()
         question = app.screen

@@ -25,6 +25,11 @@ from forgelm_tui.engine.states import RankState as RankState
 from forgelm_tui.engine.states import Stream as Stream
 from forgelm_tui.verdict import StopKind, Verdict
 
+# A rank's sampled values by the rank table's column key ("cpu", "rss", "children"...): the
+# sampler names them, the table shows them, and nothing between knows which there are. Floats,
+# whatever they count, so that they cross the wire unchanged (engine/codec.py).
+Gauges = dict[str, float]
+
 
 @dataclass(frozen=True)
 class SignalSent:
@@ -121,9 +126,7 @@ class RankOutput:
 @dataclass(frozen=True)
 class RankSampled:
     rank: int
-    cpu_percent: float
-    rss_bytes: int
-    children: int
+    gauges: Gauges  # what the sampler measured, by the rank table's column key (sampler.py)
     output_age: float  # seconds since the rank last printed anything
     caught_mask: int = 0  # signals its main process handles (bit N-1: signal N), /proc SigCgt
     ignored_mask: int = 0  # ...and ignores (SigIgn): forwarding one of neither ends the rank
@@ -308,9 +311,7 @@ class RankSnapshot:
     total: int | None
     metrics: dict[str, float]
     progress_source: ProgressSource | None
-    cpu_percent: float
-    rss_bytes: int
-    children: int
+    gauges: Gauges
     caught_mask: int = 0
     ignored_mask: int = 0
     progress_evidence: ProgressEvidence | None = None

@@ -14,6 +14,7 @@ from signal import SIGKILL
 
 from forgelm_tui.engine import ages
 from forgelm_tui.engine.events import (
+    Gauges,
     ProgressEvidence,
     ProgressSource,
     Purpose,
@@ -90,10 +91,8 @@ class RankRecord:
     last_output_mono: float | None = None
     last_progress_mono: float | None = None
     cpu_seconds: float = 0.0
-    cpu_percent: float = 0.0
-    rss_bytes: int = 0
+    gauges: Gauges = field(default_factory=dict)  # the last sample's (sampler.Sample.gauges)
     peak_rss_bytes: int = 0
-    children: int = 0
     caught_mask: int = 0  # signals the rank's main process handles (bit N-1: signal N)
     ignored_mask: int = 0  # ...and ignores
     quiet: bool = False
@@ -221,7 +220,7 @@ class RankRecord:
             exit_code=self.exit_code, signal=self.signal, signals=tuple(self.signals_sent),
             last_line=self.last_line, last_output_at=self.last_output_at, step=self.step,
             total=self.total, metrics=dict(self.metrics), progress_source=self.progress_source,
-            cpu_percent=self.cpu_percent, rss_bytes=self.rss_bytes, children=self.children,
+            gauges=dict(self.gauges),
             caught_mask=self.caught_mask, ignored_mask=self.ignored_mask,
             progress_evidence=self.evidence_told, gpu=self.gpu,
             metrics_history=self.history.snapshot(),

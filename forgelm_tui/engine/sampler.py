@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import psutil
 
+from forgelm_tui.engine.events import Gauges
 from forgelm_tui.engine.gpu import GpuPass, GpuSampler
 from forgelm_tui.engine.gpu_events import GpuDevice, GpuSampled, RankGpu
 from forgelm_tui.engine.records import Evidence, RankRecord
@@ -21,10 +22,11 @@ CHILDREN_EVERY = 5  # building the process tree is costly: do it every fifth sam
 
 @dataclass(frozen=True)
 class Sample:
-    cpu_percent: float
-    rss_bytes: int
     cpu_seconds: float
-    children: int | None  # None when not counted this time
+    # What the rank table shows, by its column key (rank_table.COLUMNS); a key left out keeps
+    # its last value (children are counted every CHILDREN_EVERY samples). A new sampled column
+    # is a key here and a Column there.
+    gauges: Gauges
     caught_mask: int = 0  # signals with a handler (bit N-1 for signal N)
     ignored_mask: int = 0  # signals set to SIG_IGN
 
@@ -62,17 +64,16 @@ class RankSampler:
         self._ticks += 1
         try:
             with self._process.oneshot():
-                cpu = self._process.cpu_percent(None)
-                rss = self._process.memory_info().rss
+                gauges: Gauges = {"cpu": self._process.cpu_percent(None),
+                                  "rss": float(self._process.memory_info().rss)}
                 times = self._process.cpu_times()
-                children = None
                 if self._ticks % CHILDREN_EVERY == 1:
-                    children = len(self._process.children(recursive=True))
+                    gauges["children"] = float(len(self._process.children(recursive=True)))
         except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
             self._process = None
             return None
         seconds = times.user + times.system + times.children_user + times.children_system
-        return Sample(cpu, rss, seconds, children, *signal_masks(self._process.pid))
+        return Sample(seconds, gauges, *signal_masks(self._process.pid))
 
 
 def apply_sample(record: RankRecord, sample: Sample | None, now: float, interval: float) -> None:
@@ -83,11 +84,8 @@ def apply_sample(record: RankRecord, sample: Sample | None, now: float, interval
     if sample.cpu_seconds - record.cpu_seconds > IDLE_CPU_FRACTION * interval:
         record.saw(Evidence.CPU, now)
     record.cpu_seconds = sample.cpu_seconds
-    record.cpu_percent = sample.cpu_percent
-    record.rss_bytes = sample.rss_bytes
-    record.peak_rss_bytes = max(record.peak_rss_bytes, sample.rss_bytes)
-    if sample.children is not None:
-        record.children = sample.children
+    record.gauges.update(sample.gauges)
+    record.peak_rss_bytes = max(record.peak_rss_bytes, int(sample.gauges.get("rss", 0)))
     record.caught_mask, record.ignored_mask = sample.caught_mask, sample.ignored_mask
 
 

@@ -233,9 +233,8 @@ class Supervisor:
             if not record.alive:
                 continue
             apply_sample(record, sample, now, self.spec.sample_interval)
-            self.emit(ev.RankSampled(record.rank, record.cpu_percent, record.rss_bytes,
-                                     record.children, record.output_age(now) or 0.0,
-                                     record.caught_mask,
+            self.emit(ev.RankSampled(record.rank, dict(record.gauges),
+                                     record.output_age(now) or 0.0, record.caught_mask,
                                      record.ignored_mask))
         self._policy.progress_checked(now)
         for request in self._held.deliver(self.records.values(), self.signal_ranks):

@@ -33,9 +33,7 @@ class RankRow:
     local_rank: int = 0
     pid: int | None = None
     state: RankState = RankState.STARTING
-    cpu_percent: float = 0.0
-    rss_bytes: int = 0
-    children: int = 0
+    gauges: ev.Gauges = field(default_factory=dict)  # by column key (engine/sampler.py)
     caught_mask: int = 0  # signals its main process handles or ignores (from samples)
     ignored_mask: int = 0
     sampled: bool = False  # the masks are known
@@ -243,9 +241,7 @@ class RunModel:
 
     def _sampled(self, sample: ev.RankSampled) -> None:
         row = self.row(sample.rank)
-        row.cpu_percent = sample.cpu_percent
-        row.rss_bytes = sample.rss_bytes
-        row.children = sample.children
+        row.gauges = dict(sample.gauges)
         row.caught_mask, row.ignored_mask, row.sampled = (
             sample.caught_mask, sample.ignored_mask, True)
 
@@ -271,7 +267,7 @@ class RunModel:
 def _row(snap: ev.RankSnapshot) -> RankRow:
     return RankRow(
         rank=snap.rank, local_rank=snap.local_rank, pid=snap.pid, state=snap.state,
-        cpu_percent=snap.cpu_percent, rss_bytes=snap.rss_bytes, children=snap.children,
+        gauges=dict(snap.gauges),
         caught_mask=snap.caught_mask, ignored_mask=snap.ignored_mask,
         sampled=snap.pid is not None and snap.ended_at is None,
         started_at=snap.started_at, ended_at=snap.ended_at, last_output_at=snap.last_output_at,

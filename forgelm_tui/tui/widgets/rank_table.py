@@ -127,6 +127,15 @@ def _gpu_cell(key: str) -> Callable[[RowView], Cell]:
     return lambda view: view.gpu[key]
 
 
+def _gauge(key: str, text: Callable[[float], str]) -> Callable[[RowView], Cell]:
+    """The cell of a sampled value (engine/sampler.py's gauges, by this column's key): "-" for
+    a rank not running or not sampled yet."""
+    def cell(view: RowView) -> Cell:
+        value = view.row.gauges.get(key)
+        return (text(value) if view.active and value is not None else "-", "")
+    return cell
+
+
 # In the table's order; how they give way when it is too narrow: GIVE_WAY.
 COLUMNS = (
     Column("rank", "rank", 4, lambda v: (str(v.row.rank), "bold")),
@@ -134,13 +143,11 @@ COLUMNS = (
     Column("local", "local", 5, lambda v: (str(v.row.local_rank), "")),
     Column("pid", "pid", 7, lambda v: (str(v.row.pid or "-"), "")),  # 4194304: the largest
     Column("state", "state", 8, lambda v: (v.row.state.value, v.style)),
-    Column("cpu", "CPU %", 5,
-           lambda v: (f"{v.row.cpu_percent:5.1f}" if v.active else "-", "")),
-    Column("rss", "RSS", 10, lambda v: (  # 1023.9 MiB
-        human_bytes(v.row.rss_bytes) if v.active and v.row.rss_bytes else "-", "")),
+    Column("cpu", "CPU %", 5, _gauge("cpu", lambda x: f"{x:5.1f}")),
+    Column("rss", "RSS", 10, _gauge("rss", lambda x: human_bytes(int(x)) if x else "-")),
     *(Column(key, label, width, _gpu_cell(key), only="gpu",  # gpu_cells.py
              widest=24 if key == "gpu_mem" else 1 << 16) for key, label, width in GPU_COLUMNS),
-    Column("children", "kids", 4, lambda v: (str(v.row.children) if v.active else "-", "")),
+    Column("children", "kids", 4, _gauge("children", lambda x: str(int(x)))),
     Column("uptime", "uptime", 6, lambda v: (human_seconds(v.model.uptime(v.row)), "")),
     Column("age", "out age", 7, lambda v: (human_seconds(v.model.output_age(v.row)), "")),
     # step/total as a bar, left of its numbers (progress_bar.py)
