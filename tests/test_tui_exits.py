@@ -112,12 +112,34 @@ async def test_quit_while_stopping_waits_for_the_verdict() -> None:
         assert run.commands == [("kill", "operator (second cancel)")]
 
 
+async def test_the_palette_is_the_bindings_then_what_has_no_key() -> None:
+    """Every bound action once, titled and explained as the key line and the help screen say
+    it, with all its keys; then the commands no key has. A viewer's d (Detach) comes along."""
+    from forgelm_tui.tui.app import PALETTE_ONLY, SupervisorApp
+    from forgelm_tui.tui.attach import AttachApp
+
+    app, _, _ = scripted_app("running")
+    async with app.run_test(size=SIZE):
+        screen = app.screen
+    for cls in (SupervisorApp, AttachApp):
+        app.BINDINGS = cls.BINDINGS  # type: ignore[misc]  # AttachApp's list, on this app
+        commands = list(app.get_system_commands(screen))
+        actions = list(dict.fromkeys(b.action for b in cls.BINDINGS))
+        assert [c.title for c in commands] == [
+            next(b.description for b in cls.BINDINGS if b.action == a) for a in actions
+        ] + [title for title, _, _ in PALETTE_ONLY]
+        by_title = {c.title: c for c in commands}
+        assert by_title["Cancel"].help.startswith("c / ctrl+c · cancel the run")
+        assert by_title["Capture stacks"].help.startswith("t · ")
+        assert ("Detach" in by_title) == (cls is AttachApp)
+
+
 async def test_palette_quit_takes_the_same_path() -> None:
     app, run, prepare = scripted_app("running")
     async with app.run_test(size=SIZE) as pilot:
         await prepare(pilot)
         commands = {c.title: c for c in app.get_system_commands(app.screen)}
-        commands["Quit"].callback()
+        await commands["Quit"].callback()  # run_action: a coroutine, awaited as the palette does
         await pilot.pause()
         assert dialogs(app) == 1 and app.is_running and run.commands == []
 

@@ -6,6 +6,7 @@ The app decides nothing about processes: it renders what the session tells it an
 
 from __future__ import annotations
 
+import functools
 import io
 import signal
 import time
@@ -31,7 +32,7 @@ from forgelm_tui.tui.handle import RunHandle
 from forgelm_tui.tui.model import RunModel
 from forgelm_tui.tui.screens.confirm import ConfirmCancel, Question
 from forgelm_tui.tui.screens.forward import ConfirmForward
-from forgelm_tui.tui.screens.help import HelpScreen
+from forgelm_tui.tui.screens.help import HelpScreen, actions
 from forgelm_tui.tui.screens.search import SearchPrompt
 from forgelm_tui.tui.screens.stacks import StacksActions
 from forgelm_tui.tui.terminal import TERMINAL_CLOSED, Terminal, exit_on_signals
@@ -45,6 +46,12 @@ from forgelm_tui.tui.widgets.verdict_panel import VerdictPanel
 TABLE_HZ = 1  # the rank table and header: about once a second (a 64-row repaint costs)
 LOG_HZ = 10
 LIFECYCLE = (ev.RankStarted, ev.RankSignalled, ev.RankExited, ev.RunStopping)
+# What the palette offers beside the bindings' actions (SupervisorApp.get_system_commands):
+# the commands no key has (title, what it does, the action).
+PALETTE_ONLY = (
+    ("Forward SIGUSR1", "to every rank, nothing stops", "forward('SIGUSR1')"),
+    ("Forward SIGUSR2", "to every rank, nothing stops", "forward('SIGUSR2')"),
+)
 
 
 class SupervisorApp(StacksActions):
@@ -68,7 +75,7 @@ class SupervisorApp(StacksActions):
         Binding("n", "search_next", "Next", show=False, tooltip="next match"),
         Binding("N", "search_previous", "Previous", show=False, tooltip="previous match"),
         Binding("s", "save_envelope", "Save envelope", tooltip="save the envelope (after the run)"),
-        Binding("t", "capture_stacks", "Stacks", show=False,
+        Binding("t", "capture_stacks", "Capture stacks", show=False,
                 tooltip="capture every rank's Python stack now (where each is stuck)"),
         Binding("question_mark", "help", "Help", key_display="?", tooltip="this help"),
         Binding("q", "quit_run", "Quit",
@@ -364,24 +371,13 @@ class SupervisorApp(StacksActions):
                          self._confirmed)
 
     def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
-        yield SystemCommand("Cancel the run", "SIGTERM to every rank, SIGKILL after the grace",
-                            self.action_cancel)
-        yield SystemCommand("Kill now", "SIGKILL to every live rank", self.action_kill)
-        yield SystemCommand("Forward SIGUSR1", "to every rank, nothing stops",
-                            lambda: self.action_forward("SIGUSR1"))
-        yield SystemCommand("Forward SIGUSR2", "to every rank, nothing stops",
-                            lambda: self.action_forward("SIGUSR2"))
-        yield SystemCommand("Capture stacks", "every rank's Python stack, to the run dir; "
-                            "nothing stops", self.action_capture_stacks)
-        yield SystemCommand("Save the envelope", "the run's JSON envelope, as a download",
-                            self.action_save_envelope)
-        yield SystemCommand("Show all ranks' logs", "merged view", self.action_all_logs)
-        yield SystemCommand("Show the selected rank's log", "one rank",
-                            self.action_toggle_rank_log)
-        yield SystemCommand("Follow the log", "on / off", self.action_follow)
-        yield SystemCommand("Search the log", "/ then n / N", self.action_search)
-        yield SystemCommand("Keys", "the help screen", self.action_help)
-        yield SystemCommand("Quit", "after the run: exit with its code", self.action_quit_run)
+        """The palette: every binding's action once (its description, its keys and tooltip:
+        the key line and the help screen read the same list), then what has no key."""
+        for binding, keys in actions(b for b in self.BINDINGS if isinstance(b, Binding)):
+            yield SystemCommand(binding.description, f"{keys} · {binding.tooltip}",
+                                functools.partial(self.run_action, binding.action))
+        for title, text, action in PALETTE_ONLY:
+            yield SystemCommand(title, text, functools.partial(self.run_action, action))
 
 
 def default_save_directory() -> Path:

@@ -19,14 +19,20 @@ WIDGET_KEYS = (
 )
 
 
+def actions(bindings: Iterable[Binding]) -> list[tuple[Binding, str]]:
+    """Each action once, in the bindings' order: its first binding (the name and what it does)
+    and all its keys (``c / ctrl+c``). The help screen and the command palette read this."""
+    first: dict[str, Binding] = {}
+    keys: dict[str, list[str]] = {}
+    for binding in bindings:
+        first.setdefault(binding.action, binding)
+        keys.setdefault(binding.action, []).append(binding.key_display or binding.key)
+    return [(binding, " / ".join(keys[action])) for action, binding in first.items()]
+
+
 def key_rows(bindings: Iterable[Binding]) -> list[tuple[str, str]]:
     """One row per action: its keys (``c / ctrl+c``) and what it does."""
-    keys: dict[str, list[str]] = {}
-    text: dict[str, str] = {}
-    for binding in bindings:
-        keys.setdefault(binding.action, []).append(binding.key_display or binding.key)
-        text.setdefault(binding.action, binding.tooltip or binding.description)
-    rows = [(" / ".join(k), text[action]) for action, k in keys.items()]
+    rows = [(keys, binding.tooltip or binding.description) for binding, keys in actions(bindings)]
     rows[2:2] = WIDGET_KEYS[:1]  # before the rank and log keys
     rows.append(WIDGET_KEYS[1])
     return rows
