@@ -10,7 +10,7 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from forgelm_tui import envelope as env_mod
 from forgelm_tui.cluster import agreement
@@ -22,37 +22,11 @@ from forgelm_tui.ending import RunEnding
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.codec import to_wire
 from forgelm_tui.engine.events import NodeState
-from forgelm_tui.engine.hooks import Hooks
-from forgelm_tui.engine.supervisor import Supervisor
-from forgelm_tui.plan import Plan
 from forgelm_tui.private_files import make_private_dir
 from forgelm_tui.redact import redact_argv
-from forgelm_tui.verdict import LostCause, Verdict
 
-
-class Report(Protocol):
-    """run.RunReport, as far as a node's part uses it."""
-
-    plan: Plan
-    ending: RunEnding | None
-    lost_cause: LostCause | None
-
-    def verdict(self) -> Verdict: ...
-    def final(self) -> RunEnding: ...
-    def build_envelope(self, *, provisional: bool,
-                       agreement: dict[str, Any] | None = None) -> dict[str, Any]: ...
-
-
-class Session(Protocol):
-    """What a node's part needs of run.Session (no import: run.py imports this module)."""
-
-    plan: Plan
-    hooks: Hooks
-
-    @property
-    def report(self) -> Report: ...
-    @property
-    def supervisor(self) -> Supervisor: ...
+if TYPE_CHECKING:  # run.py makes the NodeRun of a multi-node Session: no import at run time
+    from forgelm_tui.run import Session
 
 ACK_WAIT = 5.0  # node 0 waits this long for the others to have read the verdict
 
