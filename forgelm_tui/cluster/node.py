@@ -10,7 +10,7 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from forgelm_tui import envelope as env_mod
 from forgelm_tui.cluster import agreement
@@ -22,17 +22,31 @@ from forgelm_tui.ending import RunEnding
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.codec import to_wire
 from forgelm_tui.engine.events import NodeState
+from forgelm_tui.engine.hooks import Hooks
+from forgelm_tui.engine.supervisor import Supervisor
+from forgelm_tui.plan import Plan
 from forgelm_tui.private_files import make_private_dir
 from forgelm_tui.redact import redact_argv
+from forgelm_tui.report import RunReport
 
-if TYPE_CHECKING:  # run.py makes the NodeRun of a multi-node Session: no import at run time
-    from forgelm_tui.run import Session
+
+class Host(Protocol):
+    """The run's session as its node part sees it (run.Session; not imported: run.py makes
+    the NodeRun, and the module graph has no cycle, tests/test_structure.py). The node's part
+    takes the plan it adopts at the join, sets the run's ending, and fills the hooks."""
+
+    plan: Plan
+    hooks: Hooks
+    report: RunReport
+
+    @property
+    def supervisor(self) -> Supervisor: ...
 
 ACK_WAIT = 5.0  # node 0 waits this long for the others to have read the verdict
 
 
 class NodeRun:
-    def __init__(self, session: Session, peers: LinkPeers) -> None:
+    def __init__(self, session: Host, peers: LinkPeers) -> None:
         assert session.plan.cluster is not None
         self.session = session
         self.config = session.plan.cluster
