@@ -176,6 +176,18 @@ class RunFrame:
         return round(self.ended_at - self.started_at, 3)
 
 
+def _launch(info: RunInfo) -> dict[str, Any]:
+    """The launch's facts: the spec's once there is one; before, what the planner knew."""
+    spec = info.spec
+    if spec is None:
+        return {"rank_command": [], "world_size": 0, "nproc_per_node": 0, "nnodes": info.nnodes,
+                "node_rank": info.node_rank, "master_addr": None, "master_port": None}
+    return {"rank_command": redact_argv(spec.argv), "world_size": spec.world_size,
+            "nproc_per_node": spec.nproc_per_node, "nnodes": spec.nnodes,
+            "node_rank": spec.node_rank, "master_addr": spec.master_addr,
+            "master_port": spec.master_port}
+
+
 def build_without_attempts(info: RunInfo, verdict: Verdict, error: str | None = None,
                            supervisor_error: dict[str, Any] | None = None) -> dict[str, Any]:
     """The envelope of a run that started no attempt (a pre-launch error, an internal error
@@ -237,19 +249,13 @@ def build(
         else None,
         "command": redact_argv(info.command),
         "mode": info.mode,
-        "rank_command": redact_argv(info.rank_argv),
-        "world_size": info.world_size,
-        "nproc_per_node": info.nproc_per_node,
-        "nnodes": info.nnodes,
-        "node_rank": info.node_rank,
-        "master_addr": info.master_addr,
-        "master_port": info.master_port,
+        **_launch(info),
         "settings": {
             "grace_s": info.grace,
             "grace_source": info.grace_source,
             "kill_window_s": info.kill_window,
-            "drain_s": info.drain,
-            "stall_timeout_s": info.stall_timeout,
+            "drain_s": info.spec.drain if info.spec else None,
+            "stall_timeout_s": info.spec.stall_timeout if info.spec else None,
             "graceful": info.graceful,
         },
         "run_dir": frame.run_dir,

@@ -46,20 +46,17 @@ class RunInfo:
     command: Sequence[str]  # forgelm-tui's own command line
     mode: str  # forgelm | script | module | program | demo | unknown
     contract: Contract
-    rank_argv: Sequence[str] = ()
-    world_size: int = 0
-    nproc_per_node: int = 0
+    # The launch, once planned (a multi-node join replaces it): the envelope reads the ranks'
+    # command, world size, rendezvous, drain and stall timeout there, never from a copy.
+    spec: LaunchSpec | None = None
+    # What the planner knew before the launch was planned (an envelope of bad input says it).
     nnodes: int = 1
     node_rank: int = 0
-    master_addr: str | None = None
-    master_port: int | None = None
     run_dir: str | None = None
     grace: float | None = None
     grace_source: str | None = None  # --grace, default, or the scheduler window's source
     kill_window: float | None = None  # the scheduler's SIGTERM -> SIGKILL window, where known
     scheduler_stop: dict[str, Any] | None = None  # why the scheduler stopped the job (SLURM)
-    drain: float | None = None
-    stall_timeout: float | None = None
     graceful: bool = False
     max_restarts: int = 0
     restart_backoff: float = 1.0
@@ -144,10 +141,7 @@ class Planner:
             cwd=self.cwd, max_restarts=self.info.max_restarts,
         )
         info = self.info
-        info.rank_argv, info.world_size, info.nproc_per_node = list(argv), spec.world_size, nproc
-        info.master_addr, info.master_port = spec.master_addr, port
-        info.run_dir = str(self.run_dir)
-        info.grace, info.drain, info.stall_timeout = grace.grace, ns.drain, ns.stall_timeout
+        info.spec, info.run_dir, info.grace = spec, str(self.run_dir), grace.grace
         return Plan(
             spec=spec,
             info=info,

@@ -176,7 +176,7 @@ def make_plan(tmp_path: Path, argv: Sequence[str], world: int, *, run_id: str = 
                           grace=grace, cwd=tmp_path, **spec)
     run_spec.run_dir.mkdir()
     info = RunInfo(run_id=run_id, command=["forgelm-tui", *argv], mode="script",
-                   contract=Contract.FORGELM, world_size=world)
+                   contract=Contract.FORGELM, spec=run_spec)
     return Plan(spec=run_spec, info=info, envelope_paths=[run_spec.run_dir / "envelope.json"])
 
 

@@ -23,6 +23,7 @@ from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.events import ProgressSource, Purpose, RankState, SignalSent, Stream
 from forgelm_tui.engine.records import CancelRequest, CancelSource, RankRecord, StopRecord
 from forgelm_tui.engine.signal_inbox import Sender
+from forgelm_tui.engine.spec import LaunchSpec
 from forgelm_tui.plan import RunInfo
 from forgelm_tui.signames import signal_name
 from forgelm_tui.verdict import Contract, StopFacts, StopKind, decide
@@ -211,10 +212,11 @@ def _outcome(run: ScriptedRun, records: list[RankRecord], stop: StopRecord | Non
              envelope_dir: Path | None) -> RunEnding:
     facts = StopFacts(stop.kind, stop.signal) if stop else None
     verdict = decide([r.ending() for r in records], facts, Contract.FORGELM)
+    spec = LaunchSpec(argv=(), run_id=run.run_id, run_dir=Path("/runs/x"),
+                      nproc_per_node=run.world_size, master_addr="127.0.0.1", master_port=29500,
+                      grace=run.grace, drain=60.0)
     info = RunInfo(run_id=run.run_id, command=run.command, mode="forgelm",
-                           contract=Contract.FORGELM, world_size=run.world_size,
-                           nproc_per_node=run.world_size, run_dir="/runs/x", grace=run.grace,
-                           drain=60.0)
+                   contract=Contract.FORGELM, spec=spec, run_dir="/runs/x", grace=run.grace)
     envelope = env_mod.build(info, verdict, records, stop=stop, cancels=cancels, results=results,
                              frame=env_mod.RunFrame(T0, T0 + 130, "/runs/x"))
     path = "/runs/x/envelope.json"

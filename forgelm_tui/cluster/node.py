@@ -105,9 +105,7 @@ class NodeRun:
             master_addr=membership.master_addr, master_port=membership.master_port)
         self.sup.settle(spec)
         info = plan.info
-        info.run_id, info.run_dir, info.node_rank = membership.run_id, str(run_dir), spec.node_rank
-        info.master_addr, info.master_port = spec.master_addr, spec.master_port
-        info.world_size, info.nnodes = spec.world_size, spec.nnodes
+        info.spec, info.run_id, info.run_dir = spec, membership.run_id, str(run_dir)
         paths = [run_dir / "envelope.json", *plan.envelope_paths[1:]]
         if spec.node_rank != 0:  # ForgeLM's output dir is the job's, shared: node 0 writes it
             paths = [p for p in paths if str(p) != info.last_exit_path]
