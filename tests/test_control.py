@@ -239,3 +239,43 @@ def test_output_events_on_the_wire_are_what_the_codec_makes() -> None:
         assert json.loads(fast) == json.loads(line({"type": "event", "event": to_wire(chunk)}))
         assert fast.endswith(b"}}\n") and fast.count(b"\n") == 1
         assert from_wire(json.loads(fast)["event"]) == chunk
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("hello", [{"type": "hello", "v": 1, "run_id": "r", "pid": 1},
+                                   {"type": "snapshot"}])
+def test_a_run_of_another_protocol_is_refused_in_one_line(tmp_path: Path,
+                                                          hello: dict[str, object]) -> None:
+    """A run started by another forgelm-tui (an event's wire form changed: the protocol's
+    number did too) or something else on the socket: one line, no decoding of what follows."""
+    import json
+    import threading
+
+    from forgelm_tui.control import PROTOCOL
+
+    path = tmp_path / "control.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(1)
+
+    def answer() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.sendall(json.dumps(hello).encode() + b"\n")
+            conn.recv(1)  # until the client closes
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(ControlError) as error:
+            ControlClient(path, timeout=10)
+        thread.join(10)
+        assert not thread.is_alive()  # the client closed its end
+    finally:
+        server.close()
+    message = str(error.value)
+    assert "\n" not in message
+    if hello["type"] == "hello":
+        assert f"control protocol v1, this forgelm-tui v{PROTOCOL}" in message
+    else:
+        assert message.endswith("not a forgelm-tui control socket")

@@ -10,6 +10,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
+from forgelm_tui.control import PROTOCOL
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.codec import from_wire
 
@@ -38,13 +39,19 @@ class ControlClient:
         except (ControlError, ValueError) as exc:
             self.close()
             raise ControlError(f"{path}: no hello from the run ({exc})") from None
-        if hello.get("type") != "hello" or hello.get("v") != 1:
-            raise ControlError(f"{path}: not a forgelm-tui control socket (protocol v1)")
+        if hello.get("type") != "hello":
+            self.close()
+            raise ControlError(f"{path}: not a forgelm-tui control socket")
+        if hello.get("v") != PROTOCOL:
+            self.close()
+            raise ControlError(f"{path}: the run speaks control protocol v{hello.get('v')}, this "
+                               f"forgelm-tui v{PROTOCOL}: attach with the forgelm-tui that "
+                               "started the run")
         self.run_id: str = hello["run_id"]
         self.supervisor_pid: int = hello["pid"]
         if output != "all":
             try:
-                self.send("hello", v=1, output=output)
+                self.send("hello", v=PROTOCOL, output=output)
             except OSError as exc:
                 self.close()
                 raise ControlError(f"{path}: connection lost ({exc})") from None

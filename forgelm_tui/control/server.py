@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from forgelm_tui.control import paths
+from forgelm_tui.control import PROTOCOL, paths
 from forgelm_tui.control.tails import TICK, OutputTails
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.codec import to_wire
@@ -35,7 +35,6 @@ from forgelm_tui.engine.controls import Controls
 from forgelm_tui.engine.records import CancelSource
 from forgelm_tui.signames import signal_name, signal_number
 
-PROTOCOL = 1
 MAX_QUEUED_BYTES = 4 << 20  # per viewer; past it the viewer is resynchronised
 MAX_RESYNCS = 3  # ...and past this many resyncs in a row without catching up, dropped
 MAX_COMMAND_BYTES = 64 << 10
