@@ -27,6 +27,11 @@ from conftest import cli_env, rank_script
 
 CLUSTER = Path(__file__).parent / "slurm" / "cluster.sh"
 REQUIRE = "FORGELM_TUI_REQUIRE_SLURM"
+# The jobs start together: ~60 Python processes importing torch at once on this machine's 2
+# cores (both test nodes live on them). A supervisor's heartbeat went unanswered for 5 s in
+# that storm (a healthy node 0 declared lost, 2 runs in 3 one slow hour) and a node 0 took over
+# 60 s to host its store: the node timeout and the join timeout allow for it.
+NODE_TIMEOUT = 15
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
             "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
 
@@ -70,13 +75,13 @@ def scenarios(marks: Callable[[str], Path], root: Path) -> list[Scenario]:
                   "2", "-", "--runner", "--gloo"], ["--time=2", "--signal=USR1@40"]),
         # ForgeLM mode: the real ForgeLM, training when the limit comes
         Scenario("time_limit_forgelm", ["--config", str(config)], ["--time=2"], forgelm_env),
-        Scenario("sigkill_node", ["--node-timeout", "5", *loop,
+        Scenario("sigkill_node", ["--node-timeout", str(NODE_TIMEOUT), *loop,
                                   str(marks("sigkill_node"))]),
         # the only job of the preemptible partition, holding 8 of each node's 16 CPUs: an
         # urgent job that needs 9 can only get them by preempting it, whatever else runs
         Scenario("preempted", [*demo, "--steps", "100000", "--cleanup-seconds", "2"],
                  ["--partition=low", "--cpus-per-task=8"]),
-        Scenario("network_cut", ["--node-timeout", "5", "--grace", "3", *loop,
+        Scenario("network_cut", ["--node-timeout", str(NODE_TIMEOUT), "--grace", "3", *loop,
                                  str(marks("network_cut"))]),
     ]
 
@@ -193,7 +198,7 @@ def submit(scenario: Scenario, root: Path, env: dict[str, str]) -> Job:
     env = {**env, **scenario.env}
     (job_dir / "marks").mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "forgelm_tui", "--no-tui", "--run-dir",
-               str(job_dir / "run"), "--nproc-per-node", "2", "--join-timeout", "60",
+               str(job_dir / "run"), "--nproc-per-node", "2", "--join-timeout", "180",
                *scenario.target]
     # The batch shell ignores SLURM's SIGTERM: dying of it, it would take srun with it, and the
     # step would be SIGKILLed a few seconds later instead of KillWait (docs/schedulers.md).

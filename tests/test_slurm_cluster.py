@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from conftest import wait_for
-from slurm_jobs import CLUSTER, Job, skip_or_fail, submit_all
+from slurm_jobs import CLUSTER, NODE_TIMEOUT, Job, skip_or_fail, submit_all
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(540)]
 
@@ -101,12 +101,12 @@ def supervisor_pid(job: Job, rank: int) -> int:
         return int(next(line for line in status if line.startswith("PPid:")).split()[1])
 
 
-def ready(job: Job, ranks: int = 4, timeout: float = 120) -> None:
+def ready(job: Job, ranks: int = 4, timeout: float = 240) -> None:
     wait_for(lambda: all((job.marks / f"ready-{r}").exists() for r in range(ranks)), timeout,
              f"job {job.name}: every rank ready")
 
 
-def training(job: Job, timeout: float = 120) -> None:
+def training(job: Job, timeout: float = 240) -> None:
     wait_for(lambda: "step 3/" in job.log(1, 3), timeout, f"job {job.name}: rank 3 training")
 
 
@@ -243,5 +243,6 @@ def test_a_node_cut_off_the_network_ends_the_other_within_node_timeout_and_grace
     assert envelope["exit_code"] == 2 and envelope["agreement"]["nodes_lost"] == [1]
     assert envelope["stop"]["kind"] == "node_lost" and envelope["stop"]["lost_node"] == 1
     took = _at(envelope["ended_at"]) - cut
-    assert took < 5 + 3 + 5, f"node 0 ended {took:.1f} s after the cut (node timeout 5, grace 3)"
+    assert took < NODE_TIMEOUT + 3 + 5, \
+        f"node 0 ended {took:.1f} s after the cut (node timeout {NODE_TIMEOUT}, grace 3)"
     job.wait_end(180)
