@@ -56,8 +56,8 @@ class Marks:
 def mark_steps(mark: Marks) -> None:
     """Wrap the steps between the start of the process and the first frames."""
     import forgelm_tui.cli
-    import forgelm_tui.plan
-    import forgelm_tui.run  # noqa: F401
+    import forgelm_tui.plan.planner
+    import forgelm_tui.session.run  # noqa: F401
 
     mark("engine and CLI imported")
     from forgelm_tui.engine.supervisor import Supervisor

@@ -526,9 +526,10 @@ def import_walls(reps: int) -> dict[str, list[float]]:
         "python -c pass": "pass",
         "import textual.app, textual.widgets": "import textual.app, textual.widgets",
         "import forgelm_tui.cli, .plan, .run (headless path)":
-            "import forgelm_tui.cli, forgelm_tui.plan, forgelm_tui.run",
+            "import forgelm_tui.cli, forgelm_tui.plan.planner, forgelm_tui.session.run",
         "... + forgelm_tui.tui.launch (TUI path)":
-            "import forgelm_tui.cli, forgelm_tui.plan, forgelm_tui.run, forgelm_tui.tui.launch",
+            ("import forgelm_tui.cli, forgelm_tui.plan.planner, forgelm_tui.session.run, "
+             "forgelm_tui.tui.launch"),
     }
     walls: dict[str, list[float]] = {k: [] for k in codes}
     for _ in range(reps):

@@ -11,9 +11,9 @@ from collections.abc import Sequence
 import forgelm_tui.lean_asyncio  # noqa: F401  (first: asyncio without OpenSSL's libraries)
 from forgelm_tui.early_signals import holds_signals
 from forgelm_tui.engine.own_signals import hold_early
-from forgelm_tui.options import UsageError
-from forgelm_tui.plan import Planner
-from forgelm_tui.run import execute, prelaunch_error, stderr_line
+from forgelm_tui.plan.options import UsageError
+from forgelm_tui.plan.planner import Planner
+from forgelm_tui.session.run import execute, prelaunch_error, stderr_line
 
 
 def new_run_id() -> str:
@@ -65,7 +65,7 @@ def viewer_command(args: list[str]) -> int:
     start one."""
     import argparse
 
-    from forgelm_tui.options import UsageError, viewer_parser
+    from forgelm_tui.plan.options import UsageError, viewer_parser
 
     try:
         ns = viewer_parser(args[0]).parse_args(args[1:])

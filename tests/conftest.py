@@ -28,7 +28,7 @@ pytest_plugins = ["cpu_accounting"] if os.environ.get("CPU_ACCOUNTING") else []
 
 if TYPE_CHECKING:
     from forgelm_tui.engine.records import RankRecord
-    from forgelm_tui.plan import Plan
+    from forgelm_tui.plan.planner import Plan
     from forgelm_tui.verdict import RankEnding
 
 RANKS = Path(__file__).parent / "ranks"
@@ -168,7 +168,7 @@ def make_plan(tmp_path: Path, argv: Sequence[str], world: int, *, run_id: str = 
     """The plan of an in-process ``Session``: ``argv`` on ``world`` ranks of one node, files in
     ``tmp_path/run`` (made here), an envelope there; ``spec``: other LaunchSpec fields."""
     from forgelm_tui.engine.spec import LaunchSpec
-    from forgelm_tui.plan import Plan, RunInfo
+    from forgelm_tui.plan.planner import Plan, RunInfo
     from forgelm_tui.verdict import Contract
 
     run_spec = LaunchSpec(argv=tuple(argv), run_id=run_id, run_dir=tmp_path / "run",

@@ -488,8 +488,9 @@ def recording_cli_cmd(events: Path, *args: str) -> list[str]:
 def recording_cli() -> None:
     """``python -c ... EVENTS ARGS`` (:func:`recording_cli_cmd`): ``forgelm_tui.cli.entry``."""
     events, *args = sys.argv[1:]
-    from forgelm_tui import cli, run
+    from forgelm_tui import cli
     from forgelm_tui.engine import events as ev
+    from forgelm_tui.session import run
 
     sink = open(events, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 (until os._exit)
 

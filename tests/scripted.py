@@ -17,14 +17,15 @@ from typing import Any
 
 import conftest
 
-from forgelm_tui import envelope as env_mod
-from forgelm_tui.ending import RunEnding
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.events import ProgressSource, Purpose, RankState, SignalSent, Stream
 from forgelm_tui.engine.records import CancelRequest, CancelSource, RankRecord, StopRecord
 from forgelm_tui.engine.signal_inbox import Sender
 from forgelm_tui.engine.spec import LaunchSpec
-from forgelm_tui.plan import RunInfo
+from forgelm_tui.envelope import build as env_mod
+from forgelm_tui.envelope.write import write_atomic
+from forgelm_tui.plan.planner import RunInfo
+from forgelm_tui.session.ending import RunEnding
 from forgelm_tui.signames import signal_name
 from forgelm_tui.verdict import Contract, StopFacts, StopKind, decide
 
@@ -40,7 +41,7 @@ class FakeClock(conftest.FakeClock):
 
 
 class ScriptedRun:
-    """Stands in for :class:`forgelm_tui.run.Session`; records the commands it receives."""
+    """Stands in for :class:`forgelm_tui.session.run.Session`; records the commands it receives."""
 
     def __init__(self, world_size: int, *, run_id: str = "20261130-120000-abc123",
                  grace: float = 30.0, command: list[str] | None = None) -> None:
@@ -222,7 +223,7 @@ def _outcome(run: ScriptedRun, records: list[RankRecord], stop: StopRecord | Non
     path = "/runs/x/envelope.json"
     if envelope_dir is not None:
         target = envelope_dir / "envelope.json"
-        env_mod.write_atomic(target, envelope)
+        write_atomic(target, envelope)
         path = str(target)
     return RunEnding(verdict, envelope, path)
 

@@ -19,8 +19,9 @@ PROBE = (
 @pytest.mark.parametrize(
     ("modules", "allowed"),
     [
-        ("forgelm_tui.engine.supervisor, forgelm_tui.verdict, forgelm_tui.envelope", []),
-        ("forgelm_tui.cli, forgelm_tui.plan, forgelm_tui.run, forgelm_tui.headless", []),
+        ("forgelm_tui.engine.supervisor, forgelm_tui.verdict, forgelm_tui.envelope.build", []),
+        ("forgelm_tui.cli, forgelm_tui.plan.planner, forgelm_tui.session.run, "
+         "forgelm_tui.headless.view", []),
     ],
 )
 def test_imports_stay_light(modules: str, allowed: list[str]) -> None:
@@ -30,9 +31,11 @@ def test_imports_stay_light(modules: str, allowed: list[str]) -> None:
 
 
 def test_plan_and_ending_types_import_neither_views_nor_the_engine() -> None:
-    probe = ("import sys\nimport forgelm_tui.plan, forgelm_tui.ending, forgelm_tui.options\n"
+    probe = ("import sys\nimport forgelm_tui.plan.planner, forgelm_tui.session.ending, "
+             "forgelm_tui.plan.options\n"
              "print(sorted(m for m in sys.modules if m.startswith(('forgelm_tui.engine.',"
-             " 'forgelm_tui.tui', 'forgelm_tui.headless', 'forgelm_tui.run', 'textual'))))\n")
+             " 'forgelm_tui.tui', 'forgelm_tui.headless', 'forgelm_tui.session.run',"
+             " 'textual'))))\n")
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                           timeout=20, check=True)
     # The launch spec is the engine's input: plain data, no process code.

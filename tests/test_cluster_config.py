@@ -11,7 +11,7 @@ import pytest
 from forgelm_tui.cluster.config import cluster_config
 from forgelm_tui.cluster.join import ClusterConfig
 from forgelm_tui.cluster.slurm import default_port
-from forgelm_tui.options import UsageError, build_parser
+from forgelm_tui.plan.options import UsageError, build_parser
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -27,7 +27,7 @@ def test_demo_trains_and_exits_with_the_chosen_code(tmp_path: Path) -> None:
 
 def test_the_demo_s_options_reach_its_ranks(tmp_path: Path) -> None:
     """In process: every demo option goes to the demo's ranks, 2 of them by default."""
-    from forgelm_tui.plan import Planner
+    from forgelm_tui.plan.planner import Planner
 
     plan = Planner(["--no-tui", "--run-dir", str(tmp_path / "run"), "demo", "--steps", "3",
                     "--step-time", "0", "--hang-rank", "1", "--exit-code", "4"], "test").plan()

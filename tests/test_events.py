@@ -23,7 +23,7 @@ from forgelm_tui.engine.events import (
     SignalSent,
     Stream,
 )
-from forgelm_tui.run import Session
+from forgelm_tui.session.run import Session
 from forgelm_tui.signames import signal_name, signal_number
 from forgelm_tui.tui.model import RunModel
 from forgelm_tui.verdict import StopKind, Verdict

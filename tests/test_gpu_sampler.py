@@ -22,7 +22,7 @@ from forgelm_tui.engine import gpu
 from forgelm_tui.engine.gpu import GpuSampler, PidOwners
 from forgelm_tui.engine.gpu_visible import visible_count
 from forgelm_tui.engine.sampler import GpuFold, SamplingLoop
-from forgelm_tui.options import UsageError, parse_count
+from forgelm_tui.plan.options import UsageError, parse_count
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -287,8 +287,9 @@ def test_on_this_machine_the_real_nvml_is_unavailable_and_costs_nothing(
 
 
 def test_nothing_imports_pynvml_until_a_sample_pass_asks() -> None:
-    probe = ("import sys\nimport forgelm_tui.cli, forgelm_tui.plan, forgelm_tui.run, "
-             "forgelm_tui.headless, forgelm_tui.engine.supervisor, forgelm_tui.tui.app\n"
+    probe = ("import sys\nimport forgelm_tui.cli, forgelm_tui.plan.planner, "
+             "forgelm_tui.session.run, "
+             "forgelm_tui.headless.view, forgelm_tui.engine.supervisor, forgelm_tui.tui.app\n"
              "print('pynvml' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                          timeout=30, check=True).stdout
@@ -315,7 +316,7 @@ def test_multi_node_root_cause_gpu_comes_from_its_node() -> None:
 
 def test_the_headless_line_comes_on_a_change_and_every_30_s() -> None:
     from forgelm_tui.engine.events import GpuDevice, GpuSampled, RankGpu
-    from forgelm_tui.gpu_text import GpuStatus
+    from forgelm_tui.wording.gpu import GpuStatus
 
     now = [0.0]
     status = GpuStatus(clock=lambda: now[0])

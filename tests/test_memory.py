@@ -19,7 +19,7 @@ from scripted import scripted_app
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.output import MAX_OUTPUT_BYTES
 from forgelm_tui.engine.sanitize import MAX_LINE_CHARS
-from forgelm_tui.headless import MAX_BUFFER_BYTES
+from forgelm_tui.headless.view import MAX_BUFFER_BYTES
 from forgelm_tui.tui.model import (
     CHUNK_BYTES,
     LOG_KEEP_MERGED,

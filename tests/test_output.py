@@ -127,7 +127,7 @@ def test_headless_lines_for_engine_events() -> None:
 
     from forgelm_tui.engine import events as ev
     from forgelm_tui.engine.events import Purpose, RankState
-    from forgelm_tui.headless import HeadlessView, OutputSink
+    from forgelm_tui.headless.view import HeadlessView, OutputSink
     from forgelm_tui.verdict import StopKind
 
     read_fd, write_fd = os.pipe()
@@ -164,7 +164,7 @@ def test_a_ranks_last_words_come_before_its_exit_whatever_the_loop(tmp_path: Pat
 
     from forgelm_tui.engine import events as ev
     from forgelm_tui.engine.loop import new_loop
-    from forgelm_tui.run import Session
+    from forgelm_tui.session.run import Session
 
     session = Session(make_plan(tmp_path, [sys.executable, rank_script("last_words.py")], 2))
     seen: list[ev.Event] = []

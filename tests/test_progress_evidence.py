@@ -24,7 +24,7 @@ from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.events import ProgressEvidence
 from forgelm_tui.engine.progress_lines import Bar, parse_bar
 from forgelm_tui.engine.records import Evidence
-from forgelm_tui.run import Session
+from forgelm_tui.session.run import Session
 from forgelm_tui.tui.model import RankRow, RunModel
 from forgelm_tui.tui.widgets.rank_table import progress_cell
 from forgelm_tui.verdict import StopKind

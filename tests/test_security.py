@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from conftest import cli_env, rank_script, run_cli
 
-from forgelm_tui import envelope as env_mod
+from forgelm_tui.envelope.write import write_atomic
 from forgelm_tui.private_files import make_private_dir, open_private
 from forgelm_tui.redact import REDACTED, is_secret_name, redact_argv, redact_text, words
 
@@ -131,7 +131,7 @@ def test_private_dirs_and_files_ignore_the_umask(tmp_path: Path) -> None:
         make_private_dir(tmp_path / "a" / "b")
         fd = open_private(str(tmp_path / "a" / "b" / "f"), os.O_WRONLY | os.O_CREAT)
         os.close(fd)
-        env_mod.write_atomic(tmp_path / "a" / "b" / "envelope.json", {"x": 1})
+        write_atomic(tmp_path / "a" / "b" / "envelope.json", {"x": 1})
     finally:
         os.umask(old)
     assert _mode(tmp_path / "a") == _mode(tmp_path / "a" / "b") == 0o700

@@ -12,8 +12,8 @@ from conftest import rank_script, ready_pids, run_cli, start
 
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.events import Purpose
-from forgelm_tui.envelope import _sig_name
-from forgelm_tui.headless import _ending
+from forgelm_tui.envelope.build import _sig_name
+from forgelm_tui.headless.view import _ending
 from forgelm_tui.signames import signal_name, signal_number
 from forgelm_tui.tui.model import RankRow
 from forgelm_tui.verdict import Contract, RankEnding, decide, describe, rank_code

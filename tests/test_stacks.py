@@ -43,7 +43,7 @@ from forgelm_tui.engine.stack_text import (
     short_frame,
 )
 from forgelm_tui.engine.stacks import StackCapture, find_py_spy
-from forgelm_tui.headless import stacks_lines
+from forgelm_tui.headless.view import stacks_lines
 from forgelm_tui.signames import signal_name
 from forgelm_tui.verdict import StopKind
 
@@ -480,7 +480,7 @@ def test_the_reserved_signal_cannot_be_forwarded(tmp_path: Path) -> None:
 
 
 def test_the_envelope_names_where_each_rank_was_stuck(tmp_path: Path) -> None:
-    from forgelm_tui import envelope as env_mod
+    from forgelm_tui.envelope import build as env_mod
 
     record = RankRecord(0, 0, 0, "o", "e", "x")
     record.stacks = ev.RankStacks(0, "/a.py:1 f", "/run/rank-0.stacks.txt", "faulthandler")

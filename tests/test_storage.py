@@ -19,12 +19,12 @@ from typing import Any
 import pytest
 from conftest import FakeClock, make_plan, rank_script, ready_pids, start
 
-from forgelm_tui import envelope as env_mod
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine import output
 from forgelm_tui.engine.logfile import RETRY_EVERY, LogFile, LogLoss
-from forgelm_tui.run import Session
-from forgelm_tui.storage import not_kept_line
+from forgelm_tui.envelope.storage import not_kept_line
+from forgelm_tui.envelope.write import write_each
+from forgelm_tui.session.run import Session
 
 pytestmark = pytest.mark.timeout(90)
 ROOT = os.geteuid() == 0
@@ -124,7 +124,7 @@ def test_an_envelope_place_that_fails_never_stops_the_others(tmp_path: Path) -> 
     good = tmp_path / "out" / "envelope.json"
     envelope: dict[str, Any] = {"exit_code": 3, "storage": None}
     before = json.dumps(envelope)
-    shown, written, errors = env_mod.write_each([blocked / "envelope.json", good], envelope)
+    shown, written, errors = write_each([blocked / "envelope.json", good], envelope)
     assert written == [str(good)] and len(errors) == 1 and str(blocked) in errors[0]
     kept = json.loads(good.read_text())
     assert kept["storage"]["envelope_not_written"][0]["path"] == str(blocked / "envelope.json")
@@ -337,7 +337,7 @@ def test_a_run_dir_that_cannot_be_written_is_one_clear_line(tmp_path: Path) -> N
 
 @pytest.mark.fault("F31")
 def test_an_ending_names_only_files_written(tmp_path: Path) -> None:
-    from forgelm_tui.ending import RunEnding
+    from forgelm_tui.session.ending import RunEnding
     from forgelm_tui.verdict import prelaunch_failure
 
     nowhere = RunEnding(prelaunch_failure(), {"exit_code": 1}, None)
@@ -350,7 +350,7 @@ def test_an_ending_names_only_files_written(tmp_path: Path) -> None:
 
 
 def test_a_multi_node_envelope_has_every_nodes_losses() -> None:
-    from forgelm_tui.storage import merged
+    from forgelm_tui.envelope.storage import merged
 
     def section(rank: int, since: str) -> dict[str, Any]:
         loss = {"rank": rank, "stream": "stdout", "bytes_lost": 10, "since": since,

@@ -105,7 +105,7 @@ def test_every_controller_target_has_the_one_command_signature() -> None:
 
     from forgelm_tui.engine.controls import Controls
     from forgelm_tui.engine.supervisor import Supervisor
-    from forgelm_tui.run import Session
+    from forgelm_tui.session.run import Session
     from forgelm_tui.tui.attach import AttachedRun
 
     commands = ("request_cancel", "kill_now", "forward", "request_stacks")

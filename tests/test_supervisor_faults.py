@@ -18,8 +18,8 @@ import pytest
 from conftest import pid_alive, rank_script, ready_pids, start, wait_for
 
 from forgelm_tui.engine import events as ev
-from forgelm_tui.plan import Planner
-from forgelm_tui.run import Session
+from forgelm_tui.plan.planner import Planner
+from forgelm_tui.session.run import Session
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -119,7 +119,7 @@ def test_an_error_after_the_ranks_ended_keeps_their_verdict(tmp_path: Path) -> N
 
 
 def test_the_headless_summary_names_the_error_and_the_attempts() -> None:
-    from forgelm_tui.headless import ending_notes
+    from forgelm_tui.wording.ending import ending_notes
 
     envelope = {"supervisor_error": {"type": "RuntimeError", "message": "boom",
                                      "where": "listener HeadlessView.__call__"},
@@ -138,7 +138,7 @@ def test_the_headless_summary_names_the_error_and_the_attempts() -> None:
 def test_the_last_net_writes_every_envelope_it_can_and_names_only_those(tmp_path: Path) -> None:
     """An exception past every other net (cli's execute): one line, the envelope in the same
     shape as every other (restart fields too), every place that could be written named."""
-    from forgelm_tui.internal_error import report_internal_error
+    from forgelm_tui.session.internal_error import report_internal_error
 
     blocked = tmp_path / "file"
     blocked.write_text("")

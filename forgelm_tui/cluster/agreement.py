@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from forgelm_tui import storage
 from forgelm_tui.cluster.wire import ending_from_wire, stop_from_wire
-from forgelm_tui.envelope import rank_states, verdict_dict
+from forgelm_tui.envelope import storage
+from forgelm_tui.envelope.build import rank_states, verdict_dict
 from forgelm_tui.verdict import (
     Contract,
     LostCause,

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from forgelm_tui import __version__
 from forgelm_tui.cluster.slurm import SlurmError, default_port, in_srun_step, read_step
-from forgelm_tui.options import UsageError, parse_port
+from forgelm_tui.plan.options import UsageError, parse_port
 
 CONTROL_PORT_OFFSET = 1  # the control store: MASTER_PORT + 1 unless --rdzv-endpoint gives one
 

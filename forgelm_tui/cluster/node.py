@@ -12,22 +12,22 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
-from forgelm_tui import envelope as env_mod
 from forgelm_tui.cluster import agreement
 from forgelm_tui.cluster.join import JoinCancelled, Joiner, JoinRefused, Membership
 from forgelm_tui.cluster.link import LinkPeers, NodeLink
 from forgelm_tui.cluster.store import ControlStore, StoreLost, StoreTimeout
 from forgelm_tui.cluster.wire import ending_to_wire, stop_from_wire, stop_to_wire
-from forgelm_tui.ending import RunEnding
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.codec import to_wire
 from forgelm_tui.engine.events import NodeState
 from forgelm_tui.engine.hooks import Hooks
 from forgelm_tui.engine.supervisor import Supervisor
-from forgelm_tui.plan import Plan
+from forgelm_tui.envelope.write import write_each
+from forgelm_tui.plan.planner import Plan
 from forgelm_tui.private_files import make_private_dir
 from forgelm_tui.redact import redact_argv
-from forgelm_tui.report import RunReport
+from forgelm_tui.session.ending import RunEnding
+from forgelm_tui.session.report import RunReport
 
 
 class Host(Protocol):
@@ -200,7 +200,7 @@ class NodeRun:
             envelope = agreement.localize(envelope, {
                 "node_rank": plan.spec.node_rank, "run_dir": str(plan.spec.run_dir),
                 "command": redact_argv(plan.info.command)})
-        envelope, written, errors = env_mod.write_each(plan.envelope_paths, envelope)
+        envelope, written, errors = write_each(plan.envelope_paths, envelope)
         path = written[0] if written else None
         ending = RunEnding(verdict, envelope, path, tuple(errors), tuple(written))
         self.session.report.ending = ending

@@ -23,9 +23,9 @@ from textual.css.query import NoMatches
 from textual.screen import ModalScreen, Screen
 from textual.widgets import DataTable, Static
 
-from forgelm_tui.ending import RunEnding
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.records import CancelSource
+from forgelm_tui.session.ending import RunEnding
 from forgelm_tui.signames import signal_name, signal_number
 from forgelm_tui.tui.attempt import follow_attempts
 from forgelm_tui.tui.handle import RunHandle

@@ -20,10 +20,10 @@ from forgelm_tui.cluster.kill_wait import DEFAULT_GRACE
 from forgelm_tui.control.client import ControlClient, ControlError
 from forgelm_tui.control.find import KnownRun
 from forgelm_tui.control.reconnect import connect_again
-from forgelm_tui.ending import RunEnding
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.records import CancelSource
 from forgelm_tui.engine.signal_inbox import Sender
+from forgelm_tui.session.ending import RunEnding
 from forgelm_tui.signames import signal_name
 from forgelm_tui.tui.app import SupervisorApp
 from forgelm_tui.tui.attempt import restore

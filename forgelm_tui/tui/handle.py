@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
-from forgelm_tui.ending import RunEnding
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.controls import Controls
+from forgelm_tui.session.ending import RunEnding
 
 
 class RunHandle(Controls, Protocol):

@@ -14,12 +14,12 @@ from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.guardian import Guardian
 from forgelm_tui.engine.loop import new_loop
 from forgelm_tui.engine.own_signals import take_senders
-from forgelm_tui.headless import ending_notes, log_not_kept_text
-from forgelm_tui.internal_error import report_internal_error
-from forgelm_tui.plan import Plan
-from forgelm_tui.run import Session
-from forgelm_tui.storage import not_kept_line
+from forgelm_tui.envelope.storage import not_kept_line
+from forgelm_tui.plan.planner import Plan
+from forgelm_tui.session.internal_error import report_internal_error
+from forgelm_tui.session.run import Session
 from forgelm_tui.tui.app import build_app
+from forgelm_tui.wording.ending import ending_notes, log_not_kept_text
 
 
 def execute_tui(plan: Plan) -> int:

@@ -7,10 +7,10 @@ from typing import Any
 
 from textual.app import App
 
-from forgelm_tui.ending import RunEnding
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.sanitize import sanitize_line
 from forgelm_tui.engine.stack_text import short_frame
+from forgelm_tui.session.ending import RunEnding
 from forgelm_tui.tui.handle import RunHandle
 from forgelm_tui.tui.model import RunModel
 

@@ -9,9 +9,9 @@ does not give per-process memory, the device's used memory stands in.
 from __future__ import annotations
 
 from forgelm_tui.engine.events import RankGpu
-from forgelm_tui.gpu_text import GIB
 from forgelm_tui.tui.gpu_view import GpuView
 from forgelm_tui.tui.widgets.progress_bar import blocks
+from forgelm_tui.wording.gpu import GIB
 
 # (key, label, starting width): "0,1" devices, "100.0", "▉▉▉▉▉ 79.6/80.0G"
 GPU_COLUMNS = (("gpu", "GPU", 3), ("gpu_util", "GPU %", 5), ("gpu_mem", "GPU mem", 16))

@@ -15,11 +15,11 @@ from rich.text import Text
 from textual.widget import Widget
 
 from forgelm_tui.engine.events import GpuDevice
-from forgelm_tui.gpu_text import devices_line
 from forgelm_tui.tui.attempt import attempt_label
 from forgelm_tui.tui.model import RunModel
 from forgelm_tui.tui.progress_view import rate_text, run_pace
 from forgelm_tui.tui.widgets.rank_table import human_seconds
+from forgelm_tui.wording.gpu import devices_line
 
 GAPS = {"·": ("  ·  ", " · "), "  ": ("  ", " "), " ": (" ", " ")}  # (wide, narrow)
 STATE_STYLES = {"RUNNING": "bold green", "STOPPING": "bold magenta", "FINISHED": "bold cyan"}

@@ -21,7 +21,7 @@ from textual.widgets import Static
 
 from forgelm_tui.engine.sanitize import sanitize_line
 from forgelm_tui.engine.stack_text import short_frame
-from forgelm_tui.storage import not_kept_line
+from forgelm_tui.envelope.storage import not_kept_line
 
 CODE_STYLES = {0: "bold green", 3: "bold yellow", 4: "bold cyan", 5: "bold", 6: "bold red"}
 TAIL_LINES = 40  # the envelope keeps 20 of stderr; an error file may hold more

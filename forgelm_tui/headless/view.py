@@ -16,11 +16,11 @@ from typing import Any
 
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.events import RankState
-from forgelm_tui.engine.logfile import RETRY_EVERY
 from forgelm_tui.engine.records import RankRecord
-from forgelm_tui.gpu_text import GpuStatus, summary_cells
 from forgelm_tui.signames import signal_name
 from forgelm_tui.verdict import Verdict, describe
+from forgelm_tui.wording.ending import log_not_kept_text
+from forgelm_tui.wording.gpu import GpuStatus, summary_cells
 
 PREFIX = "[forgelm-tui]"
 MAX_BUFFER_BYTES = 64 * 1024 * 1024
@@ -229,28 +229,6 @@ class HeadlessView:
         self._sink.write(summary_text(records, verdict, where, remote, self._gpu.index))
 
 
-def ending_notes(envelope: dict[str, Any]) -> list[str]:
-    """Before the summary: an error of forgelm-tui itself, and the attempts of a restarted run."""
-    notes = []
-    error = envelope.get("supervisor_error")
-    if error:
-        notes.append(f"forgelm-tui failed: {error['type']}: {error['message']} (in "
-                     f"{error['where']}); the envelope has its traceback")
-    attempts = envelope.get("attempts") or []
-    if envelope.get("max_restarts"):
-        last = attempts[-1]["restart"] if attempts and attempts[-1]["restart"] else {}
-        notes.append(f"attempt {len(attempts)}/{envelope['max_restarts'] + 1} was the last: "
-                     f"{last.get('why', '-')}; each restart's logs in attempt-K/ of the run dir")
-    return notes + descendant_lines(envelope.get("descendants", []))
-
-
-def log_not_kept_text(event: ev.LogNotKept) -> str:
-    """The first log write that failed: said once, live; the summary says what was lost."""
-    return (f"storage: cannot write rank {event.rank}'s {event.stream.value} log "
-            f"{event.path} ({event.error}); rank output is still shown but may miss the disk "
-            f"from now on (tried again every {RETRY_EVERY:g} s); the run goes on")
-
-
 def stacks_lines(event: ev.StacksCaptured) -> list[str]:
     """Where each rank was stuck: one line each, its main thread's innermost frame."""
     files = [r.file for r in event.ranks if r.file]
@@ -266,24 +244,6 @@ def stacks_lines(event: ev.StacksCaptured) -> list[str]:
                          f"(see {stacks.file})")
         else:
             lines.append(f"rank {stacks.rank}: no stacks ({stacks.note})")
-    return lines
-
-
-_DESCENDANT_ENDED = {"sigterm": "stopped with SIGTERM", "sigkill": "killed with SIGKILL",
-                     "gone": "gone", None: "still running after SIGKILL"}
-
-
-def descendant_lines(descendants: Sequence[dict[str, Any]]) -> list[str]:
-    """One line per process a rank left outside its group that the supervisor stopped (one
-    that exited on its own is only in the envelope)."""
-    lines = []
-    for d in descendants:
-        if d["ended"] == "exited":
-            continue
-        whose = "a rank's" if d["rank"] is None else f"rank {d['rank']}'s"
-        name = d["command"].split(" ", 1)[0] or "?"
-        how = _DESCENDANT_ENDED.get(d["ended"], d["ended"])
-        lines.append(f"{whose} descendant pid {d['pid']} ({name}) {how}")
     return lines
 
 

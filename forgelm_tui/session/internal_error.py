@@ -9,11 +9,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from forgelm_tui import envelope as env_mod
-from forgelm_tui.ending import RunEnding
 from forgelm_tui.engine.faults import describe_exception, fault_verdict
+from forgelm_tui.envelope import build as env_mod
+from forgelm_tui.envelope.write import write_each
 from forgelm_tui.isotime import iso
-from forgelm_tui.plan import Plan
+from forgelm_tui.plan.planner import Plan
+from forgelm_tui.session.ending import RunEnding
 
 
 def report_internal_error(plan: Plan, exc: BaseException, say: Callable[[str], None],
@@ -22,7 +23,7 @@ def report_internal_error(plan: Plan, exc: BaseException, say: Callable[[str], N
     verdict = fault_verdict(error)
     envelope = env_mod.build_without_attempts(plan.info, verdict,
                                               supervisor_error=error.to_dict(iso(error.at)))
-    envelope, written, errors = env_mod.write_each(plan.envelope_paths, envelope)
+    envelope, written, errors = write_each(plan.envelope_paths, envelope)
     where = RunEnding(verdict, envelope, None, tuple(errors), tuple(written)).where_line(
         plan.output_format == "json")
     say(f"forgelm-tui: internal error: {error.line}; every rank was stopped "

@@ -14,11 +14,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from forgelm_tui import envelope as env_mod
-from forgelm_tui.attempts import AttemptChain, make_attempt_dir
 from forgelm_tui.cluster.scheduler_stop import SchedulerCause
 from forgelm_tui.control.server import serving
-from forgelm_tui.ending import RunEnding
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.guardian import Guardian
 from forgelm_tui.engine.hooks import Hooks
@@ -27,14 +24,19 @@ from forgelm_tui.engine.own_signals import OwnSignals, take_senders
 from forgelm_tui.engine.records import CancelRequest, CancelSource
 from forgelm_tui.engine.signal_inbox import Sender
 from forgelm_tui.engine.supervisor import Supervisor
-from forgelm_tui.headless import HeadlessView, OutputSink, ending_notes
-from forgelm_tui.internal_error import report_internal_error
-from forgelm_tui.plan import Plan, RunInfo
+from forgelm_tui.envelope import build as env_mod
+from forgelm_tui.envelope.storage import not_kept_line
+from forgelm_tui.envelope.write import write_each
+from forgelm_tui.headless.view import HeadlessView, OutputSink
+from forgelm_tui.plan.planner import Plan, RunInfo
 from forgelm_tui.redact import redact_argv, redact_text
-from forgelm_tui.report import RunReport
+from forgelm_tui.session.attempts import AttemptChain, make_attempt_dir
+from forgelm_tui.session.ending import RunEnding
+from forgelm_tui.session.internal_error import report_internal_error
+from forgelm_tui.session.report import RunReport
 from forgelm_tui.signames import signal_name
-from forgelm_tui.storage import not_kept_line
 from forgelm_tui.verdict import prelaunch_failure
+from forgelm_tui.wording.ending import ending_notes
 
 if TYPE_CHECKING:
     from forgelm_tui.cluster.node import NodeRun
@@ -253,7 +255,7 @@ def prelaunch_error(
     """Report a pre-launch failure: one line, an envelope that says why, exit 1."""
     verdict = prelaunch_failure()
     envelope = env_mod.build_without_attempts(info, verdict, message)
-    envelope, written, errors = env_mod.write_each(envelope_paths, envelope)
+    envelope, written, errors = write_each(envelope_paths, envelope)
     ending = RunEnding(verdict, envelope, None, tuple(errors), tuple(written))
     where = ending.where_line(output_format == "json")
     say(f"forgelm-tui: error: {redact_text(message)} (exit 1 EXIT_CONFIG_ERROR{where})")

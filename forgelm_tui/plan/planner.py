@@ -20,8 +20,8 @@ from forgelm_tui.cluster.kill_wait import (
     scheduler_reaches_ranks,
 )
 from forgelm_tui.engine.spec import LaunchSpec
-from forgelm_tui.forgelm_mode import JobConfigError, find_config_arg, read_job_config
-from forgelm_tui.options import (
+from forgelm_tui.plan.forgelm import JobConfigError, find_config_arg, read_job_config
+from forgelm_tui.plan.options import (
     DEFAULT_RUN_ROOT,
     DEMO_MODULE,
     FORGELM_MODULES,

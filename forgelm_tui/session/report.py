@@ -6,18 +6,19 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from forgelm_tui import envelope as env_mod
-from forgelm_tui.attempts import attempt_entry, attempt_facts
-from forgelm_tui.ending import RunEnding
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.crash import note_crashes
 from forgelm_tui.engine.faults import fault_verdict
 from forgelm_tui.engine.records import CancelRequest
 from forgelm_tui.engine.restart_policy import RestartDecision, backoff, decide_restart
 from forgelm_tui.engine.supervisor import Supervisor
-from forgelm_tui.forgelm_mode import extract_result
+from forgelm_tui.envelope import build as env_mod
+from forgelm_tui.envelope.write import write_all, write_each
 from forgelm_tui.isotime import iso
-from forgelm_tui.plan import Plan
+from forgelm_tui.plan.forgelm import extract_result
+from forgelm_tui.plan.planner import Plan
+from forgelm_tui.session.attempts import attempt_entry, attempt_facts
+from forgelm_tui.session.ending import RunEnding
 from forgelm_tui.signames import signal_name
 from forgelm_tui.verdict import (
     LostCause,
@@ -154,18 +155,18 @@ class RunReport:
         self.backoff_cancel = cancel
 
     def _write(self, envelope: dict[str, Any]) -> list[str]:
-        return env_mod.write_all(self.plan.envelope_paths, envelope)
+        return write_all(self.plan.envelope_paths, envelope)
 
     def final(self) -> RunEnding:
         faults = self.supervisor.faults
         errors_before = faults.count
         envelope = self.build_envelope(provisional=False)
-        envelope, written, errors = env_mod.write_each(self.plan.envelope_paths, envelope)
+        envelope, written, errors = write_each(self.plan.envelope_paths, envelope)
         path = written[0] if written else None
         self.ending = RunEnding(self.verdict(), envelope, path, tuple(errors), tuple(written))
         self.supervisor.emit(ev.VerdictReached(self.ending.verdict, path))
         if faults.count != errors_before:  # a view failed on the verdict: the envelope says so
-            envelope, _, errors = env_mod.write_each(self.plan.envelope_paths,
+            envelope, _, errors = write_each(self.plan.envelope_paths,
                                                      self.build_envelope(provisional=False))
             self.ending = replace(self.ending, envelope=envelope, write_errors=tuple(errors))
         return self.ending

@@ -1,0 +1,1 @@
+"""The ``--no-tui`` view: plain rank-prefixed lines and a final summary."""

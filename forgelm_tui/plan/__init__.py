@@ -1,0 +1,1 @@
+"""Planning: argv and ForgeLM's config to a checked plan, before anything starts."""

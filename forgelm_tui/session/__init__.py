@@ -1,0 +1,1 @@
+"""One run: its attempts, their typed outcome and verdict, and how the run ends."""
