@@ -92,7 +92,9 @@ def same_envelopes(nodes: Sequence[Node]) -> dict[str, Any]:
     for node, envelope in zip(nodes, envelopes, strict=True):
         assert envelope["node_rank"] == node.rank
         assert envelope["run_dir"] == str(node.run_dir)
-        assert {k: v for k, v in envelope.items() if k not in NODE_LOCAL} == first
+        mine = {k: v for k, v in envelope.items() if k not in NODE_LOCAL}
+        assert mine == first, {k: (first.get(k), mine.get(k)) for k in {*first, *mine}
+                               if first.get(k) != mine.get(k)}
     return envelopes[0]
 
 

@@ -22,10 +22,11 @@ from forgelm_tui.engine.events import ProgressSource, Purpose, RankState, Signal
 from forgelm_tui.engine.records import CancelRequest, CancelSource, RankRecord, StopRecord
 from forgelm_tui.engine.signal_inbox import Sender
 from forgelm_tui.engine.spec import LaunchSpec
-from forgelm_tui.envelope import build as env_mod
+from forgelm_tui.envelope.build import build
 from forgelm_tui.envelope.write import write_atomic
 from forgelm_tui.plan.planner import RunInfo
 from forgelm_tui.session.ending import RunEnding
+from forgelm_tui.session.outcome import RunFrame, RunOutcome, node_outcome
 from forgelm_tui.signames import signal_name
 from forgelm_tui.verdict import Contract, StopFacts, StopKind, decide
 
@@ -218,8 +219,9 @@ def _outcome(run: ScriptedRun, records: list[RankRecord], stop: StopRecord | Non
                       grace=run.grace, drain=60.0)
     info = RunInfo(run_id=run.run_id, command=run.command, mode="forgelm",
                    contract=Contract.FORGELM, spec=spec, run_dir="/runs/x", grace=run.grace)
-    envelope = env_mod.build(info, verdict, records, stop=stop, cancels=cancels, results=results,
-                             frame=env_mod.RunFrame(T0, T0 + 130, "/runs/x"))
+    part = node_outcome(0, records, cancels=cancels, results=results)
+    envelope = build(info, RunOutcome(verdict, RunFrame(T0, T0 + 130), (part,), stop=stop),
+                     run_dir="/runs/x")
     path = "/runs/x/envelope.json"
     if envelope_dir is not None:
         target = envelope_dir / "envelope.json"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 from typing import Any
@@ -12,9 +13,13 @@ from conftest import rk
 from forgelm_tui.cluster import agreement
 from forgelm_tui.cluster.liveness import Liveness
 from forgelm_tui.cluster.wire import ending_from_wire, ending_to_wire, stop_from_wire, stop_to_wire
+from forgelm_tui.engine.codec import decode, encode
 from forgelm_tui.engine.events import NodeState
 from forgelm_tui.engine.records import StopRecord
-from forgelm_tui.verdict import Contract, RankEnding, StopFacts, StopKind, decide
+from forgelm_tui.envelope.build import build
+from forgelm_tui.plan.planner import RunInfo
+from forgelm_tui.session.outcome import Agreement, NodeOutcome, RunFrame, RunOutcome
+from forgelm_tui.verdict import Contract, RankEnding, StopFacts, StopKind, Verdict, decide
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -152,15 +157,15 @@ def stop(kind: StopKind, origin_rank: int | None = None, origin_node: int = 0,
 
 
 def final(node: int, endings: list[RankEnding], launch_error: str | None = None,
-          **envelope: Any) -> dict[str, Any]:
+          **part: Any) -> dict[str, Any]:
     """A node's final records as it publishes them, through JSON as the store carries them."""
-    ranks = [{"rank": e.rank, "exit_code": e.exit_code,
-              "state": "killed" if e.signalled_first else "failed" if e.exit_code else "exited"}
-             for e in reversed(endings)]
-    env = {"run_dir": f"/runs/x/node-{node}", "ranks": ranks, "cancel_requests": [],
-           "cancelled": None, "outside_signal": None, **envelope}
-    data = {"envelope": env, "host": f"host{node}", "pid": 100 + node,
-            "endings": [ending_to_wire(e) for e in endings], "launch_error": launch_error}
+    ranks = tuple({"rank": e.rank, "exit_code": e.exit_code,
+                   "state": "killed" if e.signalled_first else "failed" if e.exit_code
+                   else "exited"} for e in reversed(endings))
+    outcome = NodeOutcome(node, f"host{node}", 100 + node, f"/runs/x/node-{node}", ranks,
+                          launch_error=launch_error, **part)
+    data = {"outcome": encode(outcome), "endings": [ending_to_wire(e) for e in endings],
+            "launch_error": launch_error}
     return dict(json.loads(json.dumps(data)))
 
 
@@ -223,7 +228,7 @@ def test_rank0_decides_over_every_node() -> None:
     verdict = agreement.decide_global(finals, None, F)
     assert (verdict.code, verdict.rule, verdict.deciding_rank) == (4, 3, 0)
     assert verdict.disagreements == ((3, 0),)
-    back = agreement.verdict_from_wire(json.loads(json.dumps(agreement.verdict_to_wire(verdict))))
+    back = decode(Verdict, json.loads(json.dumps(encode(verdict))))
     assert back == verdict
 
 
@@ -239,26 +244,31 @@ def test_wire_round_trips() -> None:
     assert agreement.stop_facts(None) is None
 
 
-def merged(lost: list[int]) -> tuple[dict[str, Any], dict[int, dict[str, Any]]]:
+def info(node: int) -> RunInfo:
+    return RunInfo(run_id="r", command=["python", f"train-{node}.py"], mode="script",
+                   contract=F, node_rank=node, nnodes=3)
+
+
+def merged(lost: list[int]) -> tuple[RunOutcome, dict[str, Any]]:
+    """Node 0's merge of every node's typed outcome, and its own copy of the envelope."""
     finals = two_failing_nodes()
-    finals[1]["envelope"]["cancel_requests"] = [{"source": "operator"}]
-    finals[1]["envelope"]["cancelled"] = {"by": "operator"}
-    finals[1]["envelope"]["outside_signal"] = {"rank": 3, "signal": "SIGTERM"}
+    finals[1] = final(1, [rk(2, 0, t=9001.0, signalled=True), rk(3, 9, t=9000.0)],
+                      cancels=({"source": "operator"},), cancelled={"by": "operator"},
+                      outside_signal={"rank": 3, "signal": "SIGTERM"})
     record = wire(stop(StopKind.FAILURE, origin_rank=3, origin_node=1))
     verdict = agreement.decide_global(finals, record, F)
-    base = {"schema": "forgelm-tui/envelope/v1", "node_rank": 0, "run_dir": "/runs/x/node-0",
-            "command": ["python", "train.py"], "ranks": [], "cancel_requests": [],
-            "stop": {"kind": "failure", "extra": True}, "exit_code": None}
-    before = json.dumps(base)
-    envelope = agreement.merge(base, finals, verdict, record, lost, 3)
-    assert json.dumps(base) == before  # node 0's own envelope is not changed
-    return envelope, finals
+    own = dataclasses.replace(stop(StopKind.CANCEL), grace=7.0, killed_at=1_700_000_009.0)
+    outcome = RunOutcome(verdict, RunFrame(), tuple(
+        decode(NodeOutcome, f["outcome"]) for _, f in sorted(finals.items())),
+        stop=agreement.agreed_stop(own, record), agreement=Agreement(True, 0, tuple(lost), 3))
+    back = decode(RunOutcome, json.loads(json.dumps(encode(outcome))))
+    assert back == outcome  # what node 0 publishes is what every node reads
+    return outcome, build(info(0), outcome, run_dir="/runs/x/node-0")
 
 
 def test_merge_gathers_every_node() -> None:
-    envelope, _ = merged(lost=[2])
+    _, envelope = merged(lost=[2])
     assert [r["rank"] for r in envelope["ranks"]] == [0, 1, 2, 3]
-    # every node's ranks (node 0's own envelope had none), the same on every node
     assert envelope["rank_states"] == {"failed": 2, "killed": 2}
     assert envelope["exit_code"] == 2 and envelope["root_cause_rank"] == 3
     assert envelope["agreement"] == {"agreed": True, "decided_by_node": 0, "nodes_lost": [2]}
@@ -273,28 +283,29 @@ def test_merge_gathers_every_node() -> None:
     assert envelope["cancel_requests"] == [{"source": "operator", "node_rank": 1}]
     assert envelope["cancelled"] == {"by": "operator"}  # the stop's origin node's
     assert envelope["outside_signal"] == {"rank": 3, "signal": "SIGTERM"}
-    assert envelope["stop"]["extra"] is True
-    assert (envelope["stop"]["origin_node"], envelope["stop"]["origin_rank"]) == (1, 3)
-    assert envelope["stop"]["at"].startswith("2023-11-14T")
-    assert envelope["stop"]["grace_s"] == 5.0 and envelope["stop"]["signal"] is None
+    stop_ = envelope["stop"]
+    assert (stop_["kind"], stop_["origin_node"], stop_["origin_rank"]) == ("failure", 1, 3)
+    assert stop_["at"].startswith("2023-11-14T") and stop_["signal"] is None
+    # what only node 0's own stop knows: the grace it gave (grown here) and its SIGKILL pass
+    assert stop_["grace_s"] == 7.0 and stop_["killed_at"].startswith("2023-11-14T")
+    assert [r["collateral"] for r in envelope["ranks"]] == [False] * 4  # the verdict's marks
 
 
 def test_merge_without_a_lost_node() -> None:
-    envelope, _ = merged(lost=[])
+    _, envelope = merged(lost=[])
     assert envelope["agreement"]["nodes_lost"] == []
     assert envelope["nodes"][2]["state"] == "unknown"
 
 
-def test_localize_changes_only_the_node_local_fields() -> None:
-    envelope, _ = merged(lost=[2])
-    local = {"node_rank": 1, "run_dir": "/runs/x/node-1", "command": ["python", "t.py"],
-             "exit_code": 99}
-    mine = agreement.localize(envelope, local)
-    assert {k: mine[k] for k in agreement.NODE_LOCAL} == \
-        {"node_rank": 1, "run_dir": "/runs/x/node-1", "command": ["python", "t.py"]}
-    assert {k: v for k, v in mine.items() if k not in agreement.NODE_LOCAL} == \
-        {k: v for k, v in envelope.items() if k not in agreement.NODE_LOCAL}
-    assert envelope["node_rank"] == 0 and envelope["run_dir"] == "/runs/x/node-0"
+def test_each_node_serialises_the_same_outcome_with_only_its_own_local_fields() -> None:
+    outcome, mine0 = merged(lost=[2])
+    mine1 = build(info(1), outcome, run_dir="/runs/x/node-1")
+    local = {"node_rank", "run_dir", "command"}
+    assert {k: mine1[k] for k in local} == \
+        {"node_rank": 1, "run_dir": "/runs/x/node-1", "command": ["python", "train-1.py"]}
+    assert {k: v for k, v in mine1.items() if k not in local} == \
+        {k: v for k, v in mine0.items() if k not in local}
+    assert mine0["node_rank"] == 0 and mine0["run_dir"] == "/runs/x/node-0"
 
 
 # ---------------------------------------------------------------------- verdict: StopFacts

@@ -297,20 +297,27 @@ def test_nothing_imports_pynvml_until_a_sample_pass_asks() -> None:
 
 
 def test_multi_node_root_cause_gpu_comes_from_its_node() -> None:
-    from test_cluster_liveness import F, stop, two_failing_nodes, wire
+    from conftest import rk
+    from test_cluster_liveness import F, final, info, stop, wire
 
     from forgelm_tui.cluster import agreement
+    from forgelm_tui.engine.codec import decode
+    from forgelm_tui.envelope.build import build
+    from forgelm_tui.session.outcome import Agreement, NodeOutcome, RunFrame, RunOutcome
     from forgelm_tui.verdict import StopKind
 
-    finals = two_failing_nodes()
     sample = {"rank": 3, "at": "2026-12-01T00:00:00.000Z", "memory_bytes": 79 * GIB,
               "devices": []}
-    finals[1]["envelope"]["root_cause_gpu"] = sample
-    finals[0]["envelope"]["root_cause_gpu"] = {**sample, "rank": 1}
+    finals = {0: final(0, [rk(0, 143, t=6.0, signalled=True), rk(1, 7, t=5.0)],
+                       gpu_samples=({**sample, "rank": 1},)),
+              1: final(1, [rk(2, 0, t=9001.0, signalled=True), rk(3, 9, t=9000.0)],
+                       gpu_samples=(sample,))}
     record = wire(stop(StopKind.FAILURE, origin_rank=3, origin_node=1))
     verdict = agreement.decide_global(finals, record, F)
-    base = {"ranks": [], "cancel_requests": [], "stop": None, "root_cause_gpu": None}
-    envelope = agreement.merge(base, finals, verdict, record, [], 2)
+    outcome = RunOutcome(verdict, RunFrame(), tuple(
+        decode(NodeOutcome, f["outcome"]) for _, f in sorted(finals.items())),
+        stop=agreement.agreed_stop(None, record), agreement=Agreement(True, 0, (), 2))
+    envelope = build(info(0), outcome, run_dir="/runs/x/node-0")
     assert envelope["root_cause_rank"] == 3 and envelope["root_cause_gpu"] == sample
 
 

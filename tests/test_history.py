@@ -127,9 +127,9 @@ def test_the_envelope_has_each_ranks_bounded_history(tmp_path: object) -> None:
     ending = state_failed(ScriptedRun(2), FakeClock())
     for rank in ending.envelope["ranks"]:
         assert rank["metrics_history"] == {}  # no metric reported: an empty object
-    from forgelm_tui.envelope.build import rank_dict
+    from forgelm_tui.envelope.entries import rank_entry
 
-    entry = rank_dict(_record(5000), False, None)
+    entry = rank_entry(_record(5000), None)
     history = entry["metrics_history"]
     assert set(history) == {"loss", "lr"}
     assert all(len(points) <= MAX_POINTS for points in history.values())

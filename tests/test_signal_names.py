@@ -12,7 +12,7 @@ from conftest import rank_script, ready_pids, run_cli, start
 
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.events import Purpose
-from forgelm_tui.envelope.build import _sig_name
+from forgelm_tui.envelope.entries import sig_name as _sig_name
 from forgelm_tui.headless.view import _ending
 from forgelm_tui.signames import signal_name, signal_number
 from forgelm_tui.tui.model import RankRow

@@ -480,11 +480,11 @@ def test_the_reserved_signal_cannot_be_forwarded(tmp_path: Path) -> None:
 
 
 def test_the_envelope_names_where_each_rank_was_stuck(tmp_path: Path) -> None:
-    from forgelm_tui.envelope import build as env_mod
+    from forgelm_tui.envelope.entries import rank_entry
 
     record = RankRecord(0, 0, 0, "o", "e", "x")
     record.stacks = ev.RankStacks(0, "/a.py:1 f", "/run/rank-0.stacks.txt", "faulthandler")
-    fields = env_mod.rank_dict(record, False, None)
+    fields = rank_entry(record, None)
     assert {k: fields[k] for k in ("stuck_at", "stacks_file", "stacks_via", "stacks_note")} == {
         "stuck_at": "/a.py:1 f", "stacks_file": "/run/rank-0.stacks.txt",
         "stacks_via": "faulthandler", "stacks_note": None}

@@ -22,7 +22,7 @@ from conftest import FakeClock, make_plan, rank_script, ready_pids, start
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine import output
 from forgelm_tui.engine.logfile import RETRY_EVERY, LogFile, LogLoss
-from forgelm_tui.envelope.storage import not_kept_line
+from forgelm_tui.envelope.storage import not_kept_line, section
 from forgelm_tui.envelope.write import write_each
 from forgelm_tui.session.run import Session
 
@@ -122,14 +122,19 @@ def test_an_envelope_place_that_fails_never_stops_the_others(tmp_path: Path) -> 
     blocked = tmp_path / "file"
     blocked.write_text("not a directory")
     good = tmp_path / "out" / "envelope.json"
-    envelope: dict[str, Any] = {"exit_code": 3, "storage": None}
-    before = json.dumps(envelope)
-    shown, written, errors = write_each([blocked / "envelope.json", good], envelope)
+    built: list[Any] = []
+
+    def envelope_for(failed: Any) -> dict[str, Any]:
+        built.append(list(failed))
+        return {"exit_code": 3, "storage": section((), failed)}
+
+    shown, written, errors = write_each([blocked / "envelope.json", good], envelope_for)
     assert written == [str(good)] and len(errors) == 1 and str(blocked) in errors[0]
     kept = json.loads(good.read_text())
     assert kept["storage"]["envelope_not_written"][0]["path"] == str(blocked / "envelope.json")
     assert shown == kept  # ...and so does the printed one
-    assert json.dumps(envelope) == before  # a new envelope: the one given is not changed
+    assert built[0] == [] and built[1][0]["path"] == str(blocked / "envelope.json")
+    assert section((), ()) is None  # every place took it: nothing to say
 
 
 # ------------------------------------------------------------------ in-process, any user
@@ -350,7 +355,7 @@ def test_an_ending_names_only_files_written(tmp_path: Path) -> None:
 
 
 def test_a_multi_node_envelope_has_every_nodes_losses() -> None:
-    from forgelm_tui.envelope.storage import merged
+    from forgelm_tui.envelope.storage import section as merged
 
     def section(rank: int, since: str) -> dict[str, Any]:
         loss = {"rank": rank, "stream": "stdout", "bytes_lost": 10, "since": since,

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import signal
 
 from conftest import rk
 
 from forgelm_tui.cluster import agreement
 from forgelm_tui.cluster.wire import ending_from_wire, ending_to_wire
-from forgelm_tui.verdict import Contract, StopFacts, StopKind, decide
+from forgelm_tui.engine.codec import decode, encode
+from forgelm_tui.verdict import Contract, StopFacts, StopKind, Verdict, decide
 
 F, R = Contract.FORGELM, Contract.RAW
 ABRT, TERM = signal.SIGABRT, signal.SIGTERM
@@ -73,7 +75,7 @@ def test_multinode_decide_global_passes_the_mode() -> None:
               1: {"endings": [ending_to_wire(rk(2, 4, t=9, node=1))]}}
     verdict = agreement.decide_global(finals, None, F, rank0_decides=True)
     assert (verdict.code, verdict.collateral) == (4, (1,))
-    back = agreement.verdict_from_wire(agreement.verdict_to_wire(verdict))
+    back = decode(Verdict, json.loads(json.dumps(encode(verdict))))
     assert back == verdict
 
 

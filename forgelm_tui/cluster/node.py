@@ -18,15 +18,16 @@ from forgelm_tui.cluster.link import LinkPeers, NodeLink
 from forgelm_tui.cluster.store import ControlStore, StoreLost, StoreTimeout
 from forgelm_tui.cluster.wire import ending_to_wire, stop_from_wire, stop_to_wire
 from forgelm_tui.engine import events as ev
-from forgelm_tui.engine.codec import to_wire
+from forgelm_tui.engine.codec import DecodeError, decode, encode, to_wire
 from forgelm_tui.engine.events import NodeState
 from forgelm_tui.engine.hooks import Hooks
 from forgelm_tui.engine.supervisor import Supervisor
+from forgelm_tui.envelope import build as env_mod
 from forgelm_tui.envelope.write import write_each
 from forgelm_tui.plan.planner import Plan
 from forgelm_tui.private_files import make_private_dir
-from forgelm_tui.redact import redact_argv
 from forgelm_tui.session.ending import RunEnding
+from forgelm_tui.session.outcome import Agreement, NodeOutcome, RunOutcome
 from forgelm_tui.session.report import RunReport
 
 
@@ -119,14 +120,15 @@ class NodeRun:
         """Every rank here ended: publish their records for node 0's verdict."""
         report, sup = self.session.report, self.sup
         sup.ended_at = time.time()
-        envelope = report.build_envelope(provisional=False)
-        view = ev.NodeChanged(self.session.plan.spec.node_rank, socket.gethostname(),
+        host = socket.gethostname()
+        outcome = report.node_outcome(provisional=False, where=(
+            host, os.getpid(), str(self.session.plan.spec.run_dir)))
+        view = ev.NodeChanged(self.session.plan.spec.node_rank, host,
                               NodeState.DONE, tuple(r.snapshot() for r in sup.records.values()),
                               time.time())
         self.own_final = {
-            "envelope": envelope, "host": socket.gethostname(), "pid": os.getpid(),
-            "endings": [ending_to_wire(r.ending()) for r in sup.records.values()
-                        if r.pid is not None],
+            "outcome": encode(outcome),
+            "endings": [ending_to_wire(e) for e in report.endings()],
             "launch_error": sup.launch_error, "view": to_wire(view)}
         if self.link is not None:
             self.link.publish_final(self.own_final)
@@ -158,13 +160,14 @@ class NodeRun:
                                           first_failure,
                                           rank0_decides=self.session.plan.forgelm_mode,
                                           lost=link.lost_before_failure())
-        base = self.own_final["envelope"]
-        envelope = agreement.merge(base, finals, verdict, stop, lost,
-                                   self.membership_nnodes(),
-                                   scheduler=self.session.plan.info.scheduler_stop)
+        nodes = [decode(NodeOutcome, finals[n]["outcome"]) for n in sorted(finals)]
+        outcome = dataclasses.replace(
+            self.session.report.outcome(provisional=False), verdict=verdict, nodes=tuple(nodes),
+            stop=None if stop is None else agreement.agreed_stop(self.sup.stop, stop),
+            agreement=Agreement(True, 0, tuple(lost), self.membership_nnodes()))
         waiting = [n for n in range(1, self.membership_nnodes()) if n not in lost]
-        await loop.run_in_executor(None, _publish_verdict, store, verdict, envelope, waiting)
-        return self._write(verdict, envelope)
+        await loop.run_in_executor(None, _publish_verdict, store, outcome, waiting)
+        return self._write(outcome)
 
     async def _await_verdict(self) -> RunEnding:
         link, loop = self._link(), asyncio.get_running_loop()
@@ -179,8 +182,11 @@ class NodeRun:
                 await asyncio.wait_for(link.verdict_ready.wait(), 0.25)
         if published is None:
             return self._without_agreement(link.store_lost or "no verdict from node 0 in time")
-        verdict = agreement.verdict_from_wire(published["verdict"])
-        ending = self._write(verdict, published["envelope"])
+        try:
+            outcome = decode(RunOutcome, published["outcome"])
+        except (DecodeError, KeyError) as exc:
+            return self._without_agreement(f"node 0's outcome could not be read ({exc})")
+        ending = self._write(outcome)
         await loop.run_in_executor(None, _ack, link.store)  # node 0 may leave now: it is last
         return ending
 
@@ -188,23 +194,18 @@ class NodeRun:
         report = self.session.report
         if self.link is not None:  # a failure here may be collateral of node 0's loss
             report.lost_cause = self.link.lost_before_failure()
-        verdict = report.verdict()
-        envelope = report.build_envelope(provisional=False, agreement={
-            "agreed": False, "decided_by_node": self.sup.spec.node_rank,
-            "note": f"decided without agreement: {why}"})
-        return self._write(verdict, envelope, agreed=False)
+        return self._write(report.outcome(provisional=False, agreement=Agreement(
+            False, self.sup.spec.node_rank, note=f"decided without agreement: {why}")))
 
-    def _write(self, verdict: Any, envelope: dict[str, Any], agreed: bool = True) -> RunEnding:
+    def _write(self, outcome: RunOutcome) -> RunEnding:
+        """This node's copy of the run's outcome: its own run dir, node rank and command."""
         plan = self.session.plan
-        if agreed:
-            envelope = agreement.localize(envelope, {
-                "node_rank": plan.spec.node_rank, "run_dir": str(plan.spec.run_dir),
-                "command": redact_argv(plan.info.command)})
-        envelope, written, errors = write_each(plan.envelope_paths, envelope)
+        envelope, written, errors = write_each(plan.envelope_paths, lambda failed: env_mod.build(
+            plan.info, outcome, run_dir=str(plan.spec.run_dir), not_written=failed))
         path = written[0] if written else None
-        ending = RunEnding(verdict, envelope, path, tuple(errors), tuple(written))
+        ending = RunEnding(outcome.verdict, envelope, path, tuple(errors), tuple(written))
         self.session.report.ending = ending
-        self.sup.emit(ev.VerdictReached(verdict, path))
+        self.sup.emit(ev.VerdictReached(outcome.verdict, path))
         return ending
 
     def _link(self) -> NodeLink:
@@ -224,9 +225,8 @@ def _first(store: ControlStore, key: str) -> dict[str, Any] | None:
         return None
 
 
-def _publish_verdict(store: ControlStore, verdict: Any, envelope: dict[str, Any],
-                     waiting: list[int]) -> None:
-    store.set("verdict", {"verdict": agreement.verdict_to_wire(verdict), "envelope": envelope})
+def _publish_verdict(store: ControlStore, outcome: RunOutcome, waiting: list[int]) -> None:
+    store.set("verdict", {"outcome": encode(outcome)})
     for node in waiting:
         store.push(f"inbox/{node}", {"kind": "verdict"})
     deadline = time.monotonic() + ACK_WAIT

@@ -18,6 +18,7 @@ from typing import Any
 from forgelm_tui.engine import events as ev
 
 Wire = dict[str, Any]
+T = typing.TypeVar("T")
 _TYPES: dict[str, type] = {t.__name__: t for t in (*ev.EVENT_TYPES, ev.RunSnapshot)}
 
 
@@ -38,6 +39,19 @@ def from_wire(data: Wire) -> Any:
         raise DecodeError(f"not an event: {str(data)[:80]}") from None
     try:
         return _build(cls, data)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise DecodeError(f"bad {cls.__name__}: {exc}") from None
+
+
+def encode(obj: Any) -> Wire:
+    """Any of the package's frozen facts (a node's outcome, the run's) as a JSON-ready dict."""
+    return _fields(obj)
+
+
+def decode(cls: type[T], data: Wire) -> T:
+    """What :func:`encode` made of a ``cls``; DecodeError for anything else."""
+    try:
+        return typing.cast(T, _build(cls, data))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise DecodeError(f"bad {cls.__name__}: {exc}") from None
 

@@ -14,7 +14,8 @@ if TYPE_CHECKING:
 
 
 def storage_section(records: Iterable[RankRecord]) -> dict[str, Any] | None:
-    """``storage``: None while every log kept every byte, else what was lost, rank by rank."""
+    """One node's ``storage``: None while every log kept every byte, else what was lost, rank
+    by rank (:func:`section` makes the envelope's from every node's)."""
     losses = sorted((loss for r in records for loss in r.log_losses),
                     key=lambda loss: (loss.since, loss.rank, loss.stream))
     if not losses:
@@ -33,24 +34,21 @@ def storage_section(records: Iterable[RankRecord]) -> dict[str, Any] | None:
     }
 
 
-def with_not_written(envelope: dict[str, Any],
-                     failed: Sequence[dict[str, str]]) -> dict[str, Any]:
-    """The envelope as written where some places refused it: its ``storage`` names them."""
-    storage = envelope.get("storage") or {"error": failed[0]["error"], "since": None,
-                                          "ranks": []}
-    return {**envelope, "storage": {**storage, "envelope_not_written": list(failed)}}
-
-
-def merged(sections: Iterable[dict[str, Any] | None]) -> dict[str, Any] | None:
-    """Every node's ``storage`` as one (multi-node): the earliest failure, every rank's loss."""
+def section(sections: Iterable[dict[str, Any] | None],
+            not_written: Sequence[dict[str, str]] = ()) -> dict[str, Any] | None:
+    """``storage`` for the envelope: every node's section as one (the earliest failure, every
+    rank's loss), and the places that refused an earlier copy of the envelope, if any did."""
     present = [s for s in sections if s and s.get("ranks")]
-    if not present:
+    if not present and not not_written:
         return None
+    if not present:
+        return {"error": not_written[0]["error"], "since": None, "ranks": [],
+                "envelope_not_written": list(not_written)}
     first = min(present, key=lambda s: s["since"] or "~")
     ranks = sorted((r for s in present for r in s["ranks"]),
                    key=lambda r: (r["rank"], r["stream"]))
     return {"error": first["error"], "since": first["since"], "ranks": ranks,
-            "envelope_not_written": []}
+            "envelope_not_written": list(not_written)}
 
 
 def not_kept_line(envelope: dict[str, Any]) -> str | None:

@@ -5,11 +5,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from forgelm_tui.envelope.storage import with_not_written
 from forgelm_tui.private_files import error_text, make_private_dir, open_private
 
 
@@ -43,17 +42,22 @@ def write_atomic(path: Path, envelope: dict[str, Any]) -> None:
             os.close(dir_fd)
 
 
-def write_all(paths: Iterable[Path], envelope: dict[str, Any]) -> list[str]:
+EnvelopeFor = Callable[[Sequence[dict[str, str]]], dict[str, Any]]
+
+
+def write_all(paths: Iterable[Path], envelope_for: EnvelopeFor) -> list[str]:
     """Write to every destination; returns the errors (one line each) for those that failed."""
-    return write_each(paths, envelope)[2]
+    return write_each(paths, envelope_for)[2]
 
 
-def write_each(paths: Iterable[Path], envelope: dict[str, Any]
+def write_each(paths: Iterable[Path], envelope_for: EnvelopeFor
                ) -> tuple[dict[str, Any], list[str], list[str]]:
-    """Write to every destination, each on its own: one that fails never stops the others.
-    Returns the envelope as written (when some failed, the copies that were written say so:
-    ``storage.envelope_not_written``; so does what goes to stdout), the paths written, and
-    one error line for each that was not."""
+    """Write the envelope ``envelope_for(())`` builds to every destination, each on its own:
+    one that fails never stops the others. When some failed, the envelope is built again
+    naming them (``storage.envelope_not_written``) and the written copies are replaced by it;
+    so is what goes to stdout. Returns that envelope, the paths written, and one error line
+    for each that was not."""
+    envelope = envelope_for(())
     written: list[str] = []
     errors: list[str] = []
     failed: list[dict[str, str]] = []
@@ -66,7 +70,7 @@ def write_each(paths: Iterable[Path], envelope: dict[str, Any]
         else:
             written.append(str(path))
     if failed:
-        envelope = with_not_written(envelope, failed)
+        envelope = envelope_for(failed)
         for done in written:
             with contextlib.suppress(OSError):  # the first copy stands
                 write_atomic(Path(done), envelope)

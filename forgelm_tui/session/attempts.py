@@ -13,22 +13,16 @@ import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.events import Purpose
 from forgelm_tui.engine.guardian import Guardian
 from forgelm_tui.engine.records import CancelRequest
-from forgelm_tui.engine.restart_policy import AttemptFacts, RestartDecision
+from forgelm_tui.engine.restart_policy import AttemptFacts
 from forgelm_tui.engine.spec import LaunchSpec
 from forgelm_tui.engine.supervisor import Supervisor
 from forgelm_tui.private_files import make_private_dir
 from forgelm_tui.verdict import Verdict
-
-# The fields of an attempt's own envelope that its entry in ``attempts`` keeps.
-ATTEMPT_FIELDS = ("started_at", "ended_at", "duration_s", "exit_code", "exit_name",
-                  "decided_by", "root_cause_rank", "error", "cancelled", "stop", "run_dir",
-                  "supervisor_error", "ranks")
 
 
 def attempt_facts(sup: Supervisor, verdict: Verdict) -> AttemptFacts:
@@ -38,16 +32,6 @@ def attempt_facts(sup: Supervisor, verdict: Verdict) -> AttemptFacts:
         reason=stop.reason if stop else verdict.rule_text, cancelled=bool(sup.cancels),
         supervisor_error=sup.faults.error is not None,
         launch_error=sup.launch_error is not None)
-
-
-def attempt_entry(attempt: int, envelope: dict[str, Any], decision: RestartDecision | None,
-                  delay: float | None) -> dict[str, Any]:
-    """One element of the envelope's ``attempts`` (docs/envelope.md)."""
-    entry: dict[str, Any] = {"attempt": attempt}
-    entry.update({name: envelope.get(name) for name in ATTEMPT_FIELDS})
-    entry["restart"] = None if decision is None else {
-        "restarted": decision.restart, "why": decision.why, "backoff_s": delay}
-    return entry
 
 
 class Backoff:

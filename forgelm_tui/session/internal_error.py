@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from forgelm_tui.engine.faults import describe_exception, fault_verdict
-from forgelm_tui.envelope import build as env_mod
+from forgelm_tui.envelope.build import without_attempts
 from forgelm_tui.envelope.write import write_each
 from forgelm_tui.isotime import iso
 from forgelm_tui.plan.planner import Plan
@@ -21,9 +21,8 @@ def report_internal_error(plan: Plan, exc: BaseException, say: Callable[[str], N
                           emit_json: Callable[[dict[str, Any]], None]) -> int:
     error = describe_exception(exc, "forgelm-tui")
     verdict = fault_verdict(error)
-    envelope = env_mod.build_without_attempts(plan.info, verdict,
-                                              supervisor_error=error.to_dict(iso(error.at)))
-    envelope, written, errors = write_each(plan.envelope_paths, envelope)
+    envelope, written, errors = write_each(plan.envelope_paths, lambda failed: without_attempts(
+        plan.info, verdict, supervisor_error=error.to_dict(iso(error.at)), not_written=failed))
     where = RunEnding(verdict, envelope, None, tuple(errors), tuple(written)).where_line(
         plan.output_format == "json")
     say(f"forgelm-tui: internal error: {error.line}; every rank was stopped "

@@ -3,6 +3,7 @@ final at the end (SPEC §6); the verdict from the records (SPEC §5)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -17,9 +18,18 @@ from forgelm_tui.envelope.write import write_all, write_each
 from forgelm_tui.isotime import iso
 from forgelm_tui.plan.forgelm import extract_result
 from forgelm_tui.plan.planner import Plan
-from forgelm_tui.session.attempts import attempt_entry, attempt_facts
+from forgelm_tui.session.attempts import attempt_facts
 from forgelm_tui.session.ending import RunEnding
-from forgelm_tui.signames import signal_name
+from forgelm_tui.session.outcome import (
+    ATTEMPT_FIELDS,
+    Agreement,
+    Attempt,
+    NodeOutcome,
+    Restarts,
+    RunFrame,
+    RunOutcome,
+    node_outcome,
+)
 from forgelm_tui.verdict import (
     LostCause,
     RankEnding,
@@ -38,14 +48,20 @@ class RunReport:
         self.plan = plan
         self.supervisor = supervisor  # the attempt under way (one unless --max-restarts)
         self.ending: RunEnding | None = None
-        self.attempts: list[dict[str, Any]] = []  # the envelope's entries of ended attempts
+        self.attempts: list[Attempt] = []  # the ended attempts (the envelope's ``attempts``)
         self.started_at: float | None = None  # the first attempt's start: the run's
         self.backoff_cancel: CancelRequest | None = None  # a cancel between two attempts
         self.lost_cause: LostCause | None = None  # a node lost before the failure (multi-node)
 
     def on_event(self, event: ev.Event) -> None:
         if isinstance(event, ev.RunStopping):
-            self._write(self.build_envelope(provisional=True))
+            self._write(provisional=True)
+
+    def endings(self) -> list[RankEnding]:
+        """How each started rank ended, as the verdict reads it (here and on node 0)."""
+        records = self.supervisor.records.values()
+        note_crashes(records)  # exit 1: a traceback (a crash) or a deliberate 1
+        return [r.ending() for r in records if r.pid is not None]
 
     def verdict(self) -> Verdict:
         sup = self.supervisor
@@ -57,8 +73,7 @@ class RunReport:
         stop = sup.stop
         facts = lost_first(StopFacts(stop.kind, stop.signal, stop.origin_rank, stop.lost_node)
                            if stop else None, self.lost_cause)
-        note_crashes(sup.records.values())  # exit 1: a traceback (a crash) or a deliberate 1
-        endings = [r.ending() for r in sup.records.values() if r.pid is not None]
+        endings = self.endings()
         if not endings and stop is not None:  # cancelled before any rank started
             endings = [RankEnding(0, None, stop.signal, 0.0, signalled_first=True)]
         return decide(endings, facts, self.plan.contract, rank0_decides=self.plan.forgelm_mode)
@@ -75,33 +90,55 @@ class RunReport:
                 results[record.rank] = found
         return results
 
-    def build_envelope(self, *, provisional: bool,
-                       agreement: dict[str, Any] | None = None) -> dict[str, Any]:
-        """The envelope: the attempt under way (the last one), with every attempt's entry."""
+    def node_outcome(self, *, provisional: bool,
+                     where: tuple[str | None, int | None, str | None] = (None, None, None),
+                     ) -> NodeOutcome:
+        """This node's part of the attempt under way, from its records."""
+        sup = self.supervisor
+        return node_outcome(
+            sup.spec.node_rank, sup.records.values(), cancels=sup.cancels,
+            cancel_between=self.backoff_cancel, forwards=sup.forwards,
+            descendants=sup.descendants.entries(),
+            results={} if provisional else self._results(), launch_error=sup.launch_error,
+            where=where)
+
+    def outcome(self, *, provisional: bool, agreement: Agreement | None = None) -> RunOutcome:
+        """The run's outcome as this node knows it: the attempt under way (the last one),
+        with every attempt's entry."""
         sup = self.supervisor
         index = sup.spec.restart_count
         verdict = self._shown_verdict(provisional)
-        current = [] if len(self.attempts) > index else [
-            attempt_entry(index, self._attempt_envelope(verdict, provisional), None, None)]
-        cancelled = None if self.backoff_cancel is None else backoff_cancelled(
-            self.backoff_cancel)
-        return self._envelope(verdict, provisional, env_mod.RunFrame(
+        current = () if len(self.attempts) > index else (
+            Attempt(index, self._attempt_fields(verdict, provisional)),)
+        return self._outcome(verdict, provisional, RunFrame(
             started_at=self.started_at or sup.started_at,
             ended_at=None if provisional else sup.ended_at,
-            run_dir=self.plan.info.run_dir,  # the run's; each attempt's in attempts
-            error=sup.launch_error, cancelled_between=cancelled,
-            supervisor_error=self._supervisor_error(),
-            restarts=env_mod.Restarts(self.plan.spec.max_restarts, index,
-                                      (*self.attempts, *current)),
-            agreement=agreement))
+            error=sup.launch_error, supervisor_error=self._supervisor_error(),
+            restarts=Restarts(self.plan.spec.max_restarts, index,
+                              (*self.attempts, *current)),
+            provisional=provisional, settings=env_mod.settings_entry(self.plan.info)), agreement)
 
-    def _attempt_envelope(self, verdict: Verdict, provisional: bool) -> dict[str, Any]:
-        """The attempt's own envelope (what its entry in ``attempts`` keeps)."""
+    def build_envelope(self, *, provisional: bool, not_written: Sequence[dict[str, str]] = (),
+                       ) -> dict[str, Any]:
+        """The run's envelope on this node (its run dir: each attempt's in ``attempts``)."""
+        return env_mod.build(self.plan.info, self.outcome(provisional=provisional),
+                             run_dir=self.plan.info.run_dir, not_written=not_written)
+
+    def _attempt_fields(self, verdict: Verdict, provisional: bool) -> dict[str, Any]:
+        """What the attempt's own envelope says that its entry in ``attempts`` keeps."""
         sup = self.supervisor
-        return self._envelope(verdict, provisional, env_mod.RunFrame(
+        outcome = self._outcome(verdict, provisional, RunFrame(
             started_at=sup.started_at, ended_at=None if provisional else sup.ended_at,
-            run_dir=str(sup.spec.run_dir),  # an attempt's own files (attempt-K/)
-            error=sup.launch_error, supervisor_error=self._supervisor_error()))
+            error=sup.launch_error, supervisor_error=self._supervisor_error(),
+            provisional=provisional), None)
+        own = env_mod.build(self.plan.info, outcome, run_dir=str(sup.spec.run_dir))
+        return {name: own.get(name) for name in ATTEMPT_FIELDS}
+
+    def _outcome(self, verdict: Verdict, provisional: bool, frame: RunFrame,
+                 agreement: Agreement | None) -> RunOutcome:
+        return RunOutcome(verdict, frame, (self.node_outcome(provisional=provisional),),
+                          stop=self.supervisor.stop, scheduler=self.plan.info.scheduler_stop,
+                          agreement=agreement)
 
     def _shown_verdict(self, provisional: bool) -> Verdict:
         verdict = self.verdict()
@@ -113,22 +150,6 @@ class RunReport:
         error = self.supervisor.faults.error
         return error.to_dict(iso(error.at)) if error else None
 
-    def _envelope(self, verdict: Verdict, provisional: bool,
-                  frame: env_mod.RunFrame) -> dict[str, Any]:
-        sup = self.supervisor
-        return env_mod.build(
-            self.plan.info,
-            verdict,
-            sup.records.values(),
-            frame=frame,
-            stop=sup.stop,
-            cancels=sup.cancels,
-            forwards=sup.forwards,
-            descendants=sup.descendants.entries(),
-            results={} if provisional else self._results(),
-            provisional=provisional,
-        )
-
     def close_attempt(self) -> tuple[RestartDecision, float]:
         """The attempt under way ended: its entry in ``attempts``, and whether it restarts
         (engine/restart_policy.py) after how long."""
@@ -139,43 +160,38 @@ class RunReport:
         facts = attempt_facts(sup, verdict)
         decision = decide_restart(facts, index, self.plan.spec.max_restarts)
         delay = backoff(self.plan.info.restart_backoff, index + 1) if decision.restart else 0.0
-        entry = attempt_entry(index, self._attempt_envelope(verdict, provisional=False),
-                              decision, delay if decision.restart else None)
-        self.attempts.append(entry)
+        self.attempts.append(Attempt(index, self._attempt_fields(verdict, provisional=False),
+                                     decision, delay if decision.restart else None))
         if decision.restart:  # on disk while it waits: a scheduler's SIGKILL finds it
-            self._write(self.build_envelope(provisional=True))
+            self._write(provisional=True)
         return decision, delay
 
     def no_restart(self, why: str, cancel: CancelRequest | None = None) -> None:
         """The restart the last attempt's entry announced did not happen (a cancel during the
         backoff, an attempt dir that could not be made): the run ends with its verdict."""
         last = self.attempts[-1]
-        self.attempts[-1] = {**last, "restart": {**last["restart"], "restarted": False,
-                                                 "why": why}}
+        self.attempts[-1] = replace(last, restart=RestartDecision(False, why))
         self.backoff_cancel = cancel
 
-    def _write(self, envelope: dict[str, Any]) -> list[str]:
-        return write_all(self.plan.envelope_paths, envelope)
+    def _write(self, *, provisional: bool) -> list[str]:
+        return write_all(self.plan.envelope_paths, lambda failed: self.build_envelope(
+            provisional=provisional, not_written=failed))
 
     def final(self) -> RunEnding:
         faults = self.supervisor.faults
         errors_before = faults.count
-        envelope = self.build_envelope(provisional=False)
-        envelope, written, errors = write_each(self.plan.envelope_paths, envelope)
+        envelope, written, errors = self._write_final()
         path = written[0] if written else None
         self.ending = RunEnding(self.verdict(), envelope, path, tuple(errors), tuple(written))
         self.supervisor.emit(ev.VerdictReached(self.ending.verdict, path))
         if faults.count != errors_before:  # a view failed on the verdict: the envelope says so
-            envelope, _, errors = write_each(self.plan.envelope_paths,
-                                                     self.build_envelope(provisional=False))
+            envelope, _, errors = self._write_final()
             self.ending = replace(self.ending, envelope=envelope, write_errors=tuple(errors))
         return self.ending
 
-
-def backoff_cancelled(cancel: CancelRequest) -> dict[str, Any]:
-    """The envelope's ``cancelled`` for a cancel between two attempts (no rank was running)."""
-    return {"by": cancel.origin, "signal": signal_name(cancel.signal), "at": iso(cancel.at),
-            "requests": 1, "source": cancel.source.value}
+    def _write_final(self) -> tuple[dict[str, Any], list[str], list[str]]:
+        return write_each(self.plan.envelope_paths, lambda failed: self.build_envelope(
+            provisional=False, not_written=failed))
 
 
 def _provisional_verdict(verdict: Verdict) -> Verdict:

@@ -24,7 +24,7 @@ from forgelm_tui.engine.own_signals import OwnSignals, take_senders
 from forgelm_tui.engine.records import CancelRequest, CancelSource
 from forgelm_tui.engine.signal_inbox import Sender
 from forgelm_tui.engine.supervisor import Supervisor
-from forgelm_tui.envelope import build as env_mod
+from forgelm_tui.envelope.build import without_attempts
 from forgelm_tui.envelope.storage import not_kept_line
 from forgelm_tui.envelope.write import write_each
 from forgelm_tui.headless.view import HeadlessView, OutputSink
@@ -254,8 +254,8 @@ def prelaunch_error(
 ) -> int:
     """Report a pre-launch failure: one line, an envelope that says why, exit 1."""
     verdict = prelaunch_failure()
-    envelope = env_mod.build_without_attempts(info, verdict, message)
-    envelope, written, errors = write_each(envelope_paths, envelope)
+    envelope, written, errors = write_each(envelope_paths, lambda failed: without_attempts(
+        info, verdict, error=message, not_written=failed))
     ending = RunEnding(verdict, envelope, None, tuple(errors), tuple(written))
     where = ending.where_line(output_format == "json")
     say(f"forgelm-tui: error: {redact_text(message)} (exit 1 EXIT_CONFIG_ERROR{where})")
