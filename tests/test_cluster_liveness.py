@@ -159,7 +159,7 @@ def stop(kind: StopKind, origin_rank: int | None = None, origin_node: int = 0,
 def final(node: int, endings: list[RankEnding], launch_error: str | None = None,
           **part: Any) -> dict[str, Any]:
     """A node's final records as it publishes them, through JSON as the store carries them."""
-    ranks = tuple({"rank": e.rank, "exit_code": e.exit_code,
+    ranks = tuple({"rank": e.rank, "node_rank": node, "exit_code": e.exit_code,
                    "state": "killed" if e.signalled_first else "failed" if e.exit_code
                    else "exited"} for e in reversed(endings))
     outcome = NodeOutcome(node, f"host{node}", 100 + node, f"/runs/x/node-{node}", ranks,
@@ -212,6 +212,9 @@ def test_node_lost_without_failures_is_a_training_error(contract: Contract) -> N
     verdict = agreement.decide_global(finals, record, contract)
     assert (verdict.code, verdict.rule, verdict.deciding_rank) == (2, 2, None)
     assert "node 1" in verdict.rule_text
+    outcome = RunOutcome(verdict, RunFrame(), (decode(NodeOutcome, finals[0]["outcome"]),),
+                         agreement=Agreement(True, 0, (1,), 2))
+    assert build(info(0), outcome, run_dir="/r")["root_cause_node"] == 1  # the lost one
     for nothing in ({}, {0: final(0, [])}):
         assert agreement.decide_global(nothing, record, contract).code == 2
 
@@ -271,6 +274,7 @@ def test_merge_gathers_every_node() -> None:
     assert [r["rank"] for r in envelope["ranks"]] == [0, 1, 2, 3]
     assert envelope["rank_states"] == {"failed": 2, "killed": 2}
     assert envelope["exit_code"] == 2 and envelope["root_cause_rank"] == 3
+    assert envelope["root_cause_node"] == 1  # where to look, on every node's copy
     assert envelope["agreement"] == {"agreed": True, "decided_by_node": 0, "nodes_lost": [2]}
     nodes = envelope["nodes"]
     assert [n["node_rank"] for n in nodes] == [0, 1, 2]

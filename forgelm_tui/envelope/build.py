@@ -80,6 +80,8 @@ def build(info: RunInfo, outcome: RunOutcome, *, run_dir: str | None,
         "forwarded_signals": _each(outcome, "forwards"),  # what each node's supervisor got
         "descendants": _each(outcome, "descendants"),  # each node stopped its own ranks' own
         "root_cause_rank": verdict.root_cause_rank,
+        "root_cause_node": verdict.lost_node if verdict.lost_node is not None else next(
+            (r["node_rank"] for r in ranks if r["rank"] == verdict.root_cause_rank), None),
         "root_cause_gpu": next((s for n in nodes for s in n.gpu_samples
                                 if s["rank"] == verdict.root_cause_rank), None),
         "outside_signal": next((n.outside_signal for n in nodes if n.outside_signal), None),
