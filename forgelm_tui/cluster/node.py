@@ -105,12 +105,13 @@ class NodeRun:
             node_rank=membership.node_rank, nnodes=membership.nnodes,
             master_addr=membership.master_addr, master_port=membership.master_port)
         self.sup.settle(spec)
-        info = plan.info
-        info.spec, info.run_id, info.run_dir = spec, membership.run_id, str(run_dir)
+        info = dataclasses.replace(plan.info, spec=spec, run_id=membership.run_id,
+                                   run_dir=str(run_dir))
         paths = [run_dir / "envelope.json", *plan.envelope_paths[1:]]
         if spec.node_rank != 0:  # ForgeLM's output dir is the job's, shared: node 0 writes it
             paths = [p for p in paths if str(p) != info.last_exit_path]
-        session.plan = plan = dataclasses.replace(plan, spec=spec, envelope_paths=paths)
+        session.plan = plan = dataclasses.replace(plan, spec=spec, info=info,
+                                                  envelope_paths=paths)
         session.report.plan = plan
         return None
 

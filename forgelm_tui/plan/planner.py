@@ -10,7 +10,6 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from forgelm_tui.cluster.config import ClusterConfig, cluster_config
 from forgelm_tui.cluster.kill_wait import (
@@ -56,7 +55,6 @@ class RunInfo:
     grace: float | None = None
     grace_source: str | None = None  # --grace, default, or the scheduler window's source
     kill_window: float | None = None  # the scheduler's SIGTERM -> SIGKILL window, where known
-    scheduler_stop: dict[str, Any] | None = None  # why the scheduler stopped the job (SLURM)
     graceful: bool = False
     max_restarts: int = 0
     restart_backoff: float = 1.0

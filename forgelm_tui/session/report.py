@@ -52,6 +52,7 @@ class RunReport:
         self.started_at: float | None = None  # the first attempt's start: the run's
         self.backoff_cancel: CancelRequest | None = None  # a cancel between two attempts
         self.lost_cause: LostCause | None = None  # a node lost before the failure (multi-node)
+        self.scheduler: dict[str, Any] | None = None  # why it stopped the job, once settled
 
     def on_event(self, event: ev.Event) -> None:
         if isinstance(event, ev.RunStopping):
@@ -137,7 +138,7 @@ class RunReport:
     def _outcome(self, verdict: Verdict, provisional: bool, frame: RunFrame,
                  agreement: Agreement | None) -> RunOutcome:
         return RunOutcome(verdict, frame, (self.node_outcome(provisional=provisional),),
-                          stop=self.supervisor.stop, scheduler=self.plan.info.scheduler_stop,
+                          stop=self.supervisor.stop, scheduler=self.scheduler,
                           agreement=agreement)
 
     def _shown_verdict(self, provisional: bool) -> Verdict:

@@ -188,7 +188,7 @@ class Session:
 
     async def finish(self) -> RunEnding:
         """The verdict and the envelope, once every rank (on every node) has ended."""
-        self.plan.info.scheduler_stop = await self.scheduler_cause.settle()
+        self.report.scheduler = await self.scheduler_cause.settle()  # stop.scheduler
         if self.node is not None:
             return await self.node.finish()
         return self.report.final()
