@@ -25,6 +25,7 @@ MAX_DATAGRAM = 8192
 # LinuxThreads and some runtimes took those); never a forwarded signal (--forward-signals).
 STACKS_SIGNAL = int(getattr(signal, "SIGRTMIN", 34)) + 3
 STACKS_ENV = "FORGELM_TUI_STACKS_SIGNAL"
+COLLECTIVES_ENV = "FORGELM_TUI_COLLECTIVES"  # "1": send the collective counts (docs/progress.md)
 
 
 class MessageKind(StrEnum):
@@ -33,6 +34,7 @@ class MessageKind(StrEnum):
     STOP_REQUESTED = "stop_requested"  # a stop signal reached the rank (signal, via)
     STOPPED = "stopped"  # the rank left its loop at an agreed step (step, signal)
     STACKS_HANDLER = "stacks_handler"  # faulthandler dumps every thread on ``signum`` to ``file``
+    COLLECTIVES = "collectives"  # each process group's [enqueued, completed] (rank.collectives)
     OTHER = "other"  # a kind this version does not know (a newer helper): still a heartbeat
 
 
@@ -51,6 +53,7 @@ class Message:
     pid: int | None = None  # ident (as faulthandler prints it) and the file it writes to
     thread: int | None = None
     file: str | None = None
+    groups: dict[str, tuple[int, int]] = field(default_factory=dict)  # collectives: per group
 
 
 def stacks_file_name(rank: int) -> str:
@@ -99,7 +102,16 @@ def decode(data: bytes) -> Message | None:
         pid=_int(raw.get("pid")),
         thread=_int(raw.get("thread")),
         file=raw["file"] if isinstance(raw.get("file"), str) else None,
+        groups=_groups(raw.get("groups")),
     )
+
+
+def _groups(value: Any) -> dict[str, tuple[int, int]]:
+    """A collectives message's counts, each group's two ints; anything else is dropped."""
+    if not isinstance(value, dict):
+        return {}
+    return {str(k): (v[0], v[1]) for k, v in value.items()
+            if isinstance(v, list) and len(v) == 2 and all(type(n) is int for n in v)}
 
 
 def _int(value: Any) -> int | None:

@@ -24,7 +24,8 @@ with warnings.catch_warnings():
     from torch.distributed.elastic.multiprocessing.errors import record
     from torch.nn.parallel import DistributedDataParallel
 
-from forgelm_tui.rank import StopAgreement, report_progress
+from forgelm_tui.rank import StopAgreement, collectives, report_progress
+from forgelm_tui.rank.channel import default_channel
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -93,6 +94,7 @@ def main() -> int:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     stubborn = opts.ignore_sigterm_rank == rank
     dist.init_process_group("gloo")
+    collectives.install(default_channel().send)  # what the observed runner does for others
     torch.manual_seed(1234 + rank)
     model = DistributedDataParallel(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1)))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)

@@ -79,6 +79,9 @@ class ProgressReader:
         if message.kind is MessageKind.STACKS_HANDLER:
             self._stacks_handler(record, message)
             return  # no progress, no heartbeat: a runtime's announcement (its bars still count)
+        if message.kind is MessageKind.COLLECTIVES:
+            self._collectives(record, message)
+            return  # a background thread's report: only completed collectives count
         now = time.monotonic()
         record.channel_seen = True
         match message.kind:
@@ -103,6 +106,15 @@ class ProgressReader:
                                                record.foreign_stop, record.stopped_step))
             case MessageKind.HEARTBEAT | MessageKind.OTHER:
                 record.saw(Evidence.HEARTBEAT, now)  # the main thread said it is alive
+
+    @staticmethod
+    def _collectives(record: RankRecord, message: Message) -> None:
+        """A group's completed count that moved is progress: every rank of it took part."""
+        before = record.collectives
+        record.collectives = dict(message.groups)
+        if any(completed > before.get(pg, (-1, -1))[1]
+               for pg, (_, completed) in message.groups.items()):
+            record.saw(Evidence.COLLECTIVE, time.monotonic())
 
     @staticmethod
     def _stacks_handler(record: RankRecord, message: Message) -> None:

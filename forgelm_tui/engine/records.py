@@ -49,6 +49,7 @@ class Evidence(StrEnum):
 
     STEP = "step"  # its training step changed (channel, or its training progress bar)
     HEARTBEAT = "heartbeat"  # its main thread said it is alive (channel; an advancing loop bar)
+    COLLECTIVE = "collective"  # a collective of one of its process groups completed
     OUTPUT = "output"  # it printed
     CPU = "cpu"  # its CPU time grew
 
@@ -121,6 +122,9 @@ class RankRecord:
     peak_gpu_memory_bytes: int | None = None  # the most its processes held on GPUs at once
     log_losses: list[LogLoss] = field(default_factory=list)  # what its logs did not keep
     crash: tuple[str, str] | None = None  # exit 1 of an uncaught exception: (type, message)
+    # Each process group's (enqueued, completed) collectives, as the rank last sent them
+    # (rank/collectives.py); empty while it sent none.
+    collectives: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     @property
     def alive(self) -> bool:
@@ -159,7 +163,8 @@ class RankRecord:
 
         The one place that decides (SPEC §4): a rank's level is the strongest kind of evidence
         it has shown (steps > output > CPU time), and only evidence of that kind counts from
-        then on, besides a heartbeat from its main thread, which always counts. So a rank that
+        then on, besides a heartbeat from its main thread and a completed collective of one of
+        its process groups (every rank of the group took part), which always count. So a rank that
         reported steps and then spins a core in a hung collective is not progressing, and a
         rank that prints is not kept alive by a busy background thread. Once a rank's step
         reaches its total its training loop is over: its output counts again (never its CPU).

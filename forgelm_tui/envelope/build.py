@@ -46,6 +46,7 @@ def settings_entry(info: RunInfo) -> Json:
         "drain_s": info.spec.drain if info.spec else None,
         "stall_timeout_s": info.spec.stall_timeout if info.spec else None,
         "graceful": info.graceful,
+        "collective_trace": info.collective_trace,
     }
 
 

@@ -71,6 +71,19 @@ def _add_grace(own: argparse._ArgumentGroup) -> None:
                           "(also FORGELM_TUI_KILL_WAIT; under SLURM: KillWait)")
 
 
+def _add_rank_runtime(own: argparse._ArgumentGroup) -> None:
+    """What forgelm-tui runs a Python rank under: the graceful runner, the collectives trace."""
+    own.add_argument("--collective-trace", choices=("on", "off"), default="on",
+                     help="Python ranks: read each process group's collective counts (torch's "
+                          "flight recorder) as progress (default on; docs/progress.md)")
+    graceful = own.add_mutually_exclusive_group()
+    graceful.add_argument("--graceful", dest="graceful", action="store_true", default=None,
+                          help="run Python ranks so that SIGTERM raises an exception in the "
+                               "main thread (cleanup runs); default on in ForgeLM mode")
+    graceful.add_argument("--no-graceful", dest="graceful", action="store_false",
+                          help="leave SIGTERM as the program handles it")
+
+
 def _add_launch_options(parser: argparse.ArgumentParser) -> None:
     tr = parser.add_argument_group("torchrun-compatible options")
     tr.add_argument("--nproc-per-node", "--nproc_per_node", dest="nproc_per_node",
@@ -126,12 +139,7 @@ def _add_launch_options(parser: argparse.ArgumentParser) -> None:
                           "a signal")
     own.add_argument("--forward-signals", default="SIGUSR1,SIGUSR2", metavar="LIST",
                      help="signals passed to every rank without stopping (or 'none')")
-    graceful = own.add_mutually_exclusive_group()
-    graceful.add_argument("--graceful", dest="graceful", action="store_true", default=None,
-                          help="run Python ranks so that SIGTERM raises an exception in the "
-                               "main thread (cleanup runs); default on in ForgeLM mode")
-    graceful.add_argument("--no-graceful", dest="graceful", action="store_false",
-                          help="leave SIGTERM as the program handles it")
+    _add_rank_runtime(own)
     own.add_argument("--version", action="version", version=f"forgelm-tui {__version__}")
 
 

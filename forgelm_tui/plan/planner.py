@@ -7,10 +7,11 @@ import importlib.util
 import os
 import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from forgelm_tui.channel import COLLECTIVES_ENV
 from forgelm_tui.cluster.config import ClusterConfig, cluster_config
 from forgelm_tui.cluster.kill_wait import (
     GraceChoice,
@@ -56,6 +57,7 @@ class RunInfo:
     grace_source: str | None = None  # --grace, default, or the scheduler window's source
     kill_window: float | None = None  # the scheduler's SIGTERM -> SIGKILL window, where known
     graceful: bool = False
+    collective_trace: bool = False  # Python ranks send their collective counts (docs/progress.md)
     max_restarts: int = 0
     restart_backoff: float = 1.0
     job_config: str | None = None
@@ -120,7 +122,10 @@ class Planner:
         graceful = ns.graceful if ns.graceful is not None else self.info.mode == "forgelm"
         if graceful:
             argv = self._graceful(argv)
+        elif ns.collective_trace == "on" and self.info.mode not in ("program", "demo"):
+            argv = [*argv[:2], "-m", "forgelm_tui.rank.observed", *argv[2:]]  # the demo: itself
         self.info.graceful = graceful
+        self.info.collective_trace = ns.collective_trace == "on" and self.info.mode != "program"
         master_addr, port = self._rendezvous(ns, cluster)
         spec = LaunchSpec(
             argv=tuple(argv),
@@ -137,6 +142,7 @@ class Planner:
             forward_signals=parse_signals(ns.forward_signals),
             scheduler_reaches_ranks=scheduler_reaches_ranks(os.environ),
             cwd=self.cwd, max_restarts=self.info.max_restarts,
+            extra_env=collective_env(os.environ) if self.info.collective_trace else {},
         )
         info = self.info
         info.spec, info.run_dir, info.grace = spec, str(self.run_dir), grace.grace
@@ -311,3 +317,15 @@ class Planner:
             if path not in paths:
                 paths.append(path)
         return paths
+
+
+FR_BUFFER_SIZE = "2000"  # flight recorder entries a rank keeps (~480 B each): the hang's past
+
+
+def collective_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """What a rank needs to send its collective counts (rank/collectives.py): torch's flight
+    recorder on (the user's own ``TORCH_FR_BUFFER_SIZE`` wins) and the watcher asked for."""
+    env = {COLLECTIVES_ENV: "1"}
+    if "TORCH_FR_BUFFER_SIZE" not in environ:
+        env["TORCH_FR_BUFFER_SIZE"] = FR_BUFFER_SIZE
+    return env

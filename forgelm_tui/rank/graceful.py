@@ -32,22 +32,23 @@ in flight can itself hang.
 
 Under forgelm-tui the runner also gives every HF ``Trainer`` the program builds a progress
 callback (``trainer_hook``): steps and heartbeats on the channel, so ForgeLM's evaluation and
-saves are not taken for a stall and every rank shows its real training step; and it installs
-the stacks handler (``rank.stacks``), so the supervisor can show where the program is stuck.
+saves are not taken for a stall and every rank shows its real training step; it installs
+the stacks handler (``rank.stacks``), so the supervisor can show where the program is stuck;
+and with ``--collective-trace on`` it sends the program's collective counts (``rank.collectives``,
+as ``rank.observed`` does for ranks not run graceful).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import runpy
 import signal
 import sys
 import threading
 from types import FrameType
 
 from forgelm_tui.channel import MessageKind
-from forgelm_tui.rank import stacks, trainer_hook
+from forgelm_tui.rank import collectives, program, stacks, trainer_hook
 from forgelm_tui.rank.channel import default_channel
 
 
@@ -122,26 +123,13 @@ def _die_of_sigterm() -> None:
 
 
 def main(argv: list[str]) -> None:
-    if not argv or argv == ["-m"]:
-        sys.stderr.write("usage: python -m forgelm_tui.rank.graceful [-m module | script] "
-                         "[args]\n")
-        raise SystemExit(2)
+    program.check_usage(argv, "forgelm_tui.rank.graceful")
     signal.signal(signal.SIGTERM, _on_sigterm)
     stacks.install(default_channel().send)  # where it is stuck, on the supervisor's request
     trainer_hook.install()
+    collectives.install(default_channel().send)  # progress from its collectives
     try:
-        if argv[0] == "-m":
-            sys.argv = [argv[1], *argv[2:]]  # run_module puts the module's file in argv[0]
-            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
-        else:
-            script = argv[0]
-            if not os.path.exists(script):  # as CPython reports it, with its exit status
-                sys.stderr.write(f"{sys.executable}: can't open file {os.path.abspath(script)!r}"
-                                 ": [Errno 2] No such file or directory\n")
-                raise SystemExit(2)
-            sys.argv = list(argv)
-            sys.path[0] = os.path.dirname(os.path.abspath(script))
-            runpy.run_path(script, run_name="__main__")
+        program.run(argv)
     except GracefulStop:
         _stop.done = True
         _die_of_sigterm()

@@ -1,0 +1,138 @@
+"""Collective counts as progress (docs/progress.md, "Collectives"): read inside the rank from
+torch's flight recorder, sent on the channel, a completed count that moves is progress."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import rank_record, rank_script, run_cli
+
+from forgelm_tui import channel
+from forgelm_tui.channel import COLLECTIVES_ENV, Message, MessageKind
+from forgelm_tui.engine.progress import ProgressReader
+from forgelm_tui.engine.states import ProgressEvidence
+from forgelm_tui.plan.planner import FR_BUFFER_SIZE, Planner, collective_env
+from forgelm_tui.rank import collectives
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def test_the_status_of_a_dump_becomes_counts() -> None:
+    dump = (b'{"pg_config":{"":{"ranks":"[0, 1]"}},"pg_status":{"0":{"last_completed_collective"'
+            b':"5","last_enqueued_collective":"6","last_started_collective":"-1"},"1":'
+            b'{"last_completed_collective":"1","last_enqueued_collective":"1"}},"version":"2.10"}')
+    assert collectives.parse_status(dump) == {"0": [6, 5], "1": [1, 1]}
+    assert collectives.parse_status(b'{"pg_status": {}}') is None
+    assert collectives.parse_status(b'{"version": "2.10"}') is None
+
+
+def test_no_counts_before_the_program_initialised_torch_distributed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delitem(sys.modules, "torch.distributed", raising=False)
+    assert collectives.read_counts() is None  # and torch was not imported to find out
+    assert "torch" not in sys.modules or "torch.distributed" not in sys.modules
+    monkeypatch.setenv(COLLECTIVES_ENV, "0")
+    assert collectives.install(lambda *a, **k: None) is False  # not asked: no thread
+
+
+def test_a_collectives_message_keeps_two_ints_per_group() -> None:
+    data = channel.encode(1, MessageKind.COLLECTIVES,
+                          groups={"0": [7, 6], "1": [1], "2": ["a", 1], "3": [2, 2]})
+    message = channel.decode(data)
+    assert message is not None and message.kind is MessageKind.COLLECTIVES
+    assert message.groups == {"0": (7, 6), "3": (2, 2)}
+
+
+def _collectives(rank: int, at: float, **groups: tuple[int, int]) -> Message:
+    return Message(rank, MessageKind.COLLECTIVES, at, groups=dict(groups))
+
+
+def test_only_a_completed_count_that_moved_is_progress() -> None:
+    reader = ProgressReader(lambda event: None)
+    record = rank_record(0, pid=10, started_mono=0.0)
+    record.last_progress_mono = 0.0
+    record.progress_evidence = ProgressEvidence.OUTPUT  # it printed a banner once
+    reader.read_message(record, _collectives(0, 1.0, g0=(3, 3)))
+    first = record.last_progress_mono
+    assert first > 0.0 and record.collectives == {"g0": (3, 3)}
+    reader.read_message(record, _collectives(0, 2.0, g0=(4, 3)))  # entered one, waits in it
+    assert record.last_progress_mono == first
+    reader.read_message(record, _collectives(0, 3.0, g0=(4, 4), g1=(0, 0)))
+    assert record.last_progress_mono > first
+    # a background thread's report: the rank's level stays, its bars are still read
+    assert record.progress_evidence is ProgressEvidence.OUTPUT and not record.channel_seen
+
+
+def _planned(tmp_path: Path, *args: str) -> tuple[list[str], dict[str, str], bool]:
+    plan = Planner(["--run-dir", str(tmp_path / "run"), *args], "test").plan()
+    return list(plan.spec.argv), dict(plan.spec.extra_env), plan.info.collective_trace
+
+
+def test_python_ranks_run_observed_with_the_flight_recorder_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    monkeypatch.delenv("TORCH_FR_BUFFER_SIZE", raising=False)
+    argv, env, on = _planned(tmp_path, str(script), "--lr", "1")
+    assert argv[1:] == ["-u", "-m", "forgelm_tui.rank.observed", str(script), "--lr", "1"]
+    assert env == {COLLECTIVES_ENV: "1", "TORCH_FR_BUFFER_SIZE": FR_BUFFER_SIZE} and on
+    argv, env, on = _planned(tmp_path, "--collective-trace", "off", str(script))
+    assert argv[1:] == ["-u", str(script)] and env == {} and not on
+    argv, _, on = _planned(tmp_path, "--graceful", str(script))
+    assert argv[1:] == ["-u", "-m", "forgelm_tui.rank.graceful", str(script)] and on
+    argv, env, on = _planned(tmp_path, "--no-python", "true")
+    assert argv == ["true"] and env == {} and not on
+    assert collective_env({"TORCH_FR_BUFFER_SIZE": "0"}) == {COLLECTIVES_ENV: "1"}  # yours wins
+
+
+def test_a_silent_gloo_loop_is_not_stalled_while_its_collectives_complete(
+        tmp_path: Path) -> None:
+    """A banner, then 8 s of silent training, --stall-timeout 2.5: ends 0. The same run without
+    the collective trace is stopped as stalled (what the evidence changes)."""
+    (tmp_path / "on").mkdir()
+    (tmp_path / "off").mkdir()
+    run = run_cli(["--nproc-per-node", "2", "--standalone", "--stall-timeout", "2.5",
+                   rank_script("silent_gloo.py"), "8"], tmp_path / "on", timeout=80)
+    envelope = run.envelope()
+    assert run.proc.returncode == 0, run.output()
+    assert envelope["stop"] is None and envelope["settings"]["collective_trace"] is True
+    for rank in envelope["ranks"]:
+        (counts,) = rank["collectives"].values()
+        assert counts["completed"] >= 40, rank["collectives"]  # every step's all-reduce
+    off = run_cli(["--nproc-per-node", "2", "--standalone", "--stall-timeout", "2.5",
+                   "--collective-trace", "off", rank_script("silent_gloo.py"), "8"],
+                  tmp_path / "off", timeout=80)
+    assert off.proc.returncode == 2 and off.envelope()["stop"]["kind"] == "stall"
+    assert all(r["collectives"] is None for r in off.envelope()["ranks"])
+
+
+def test_lightning_with_its_progress_bar_off_is_not_stalled(tmp_path: Path) -> None:
+    """Issue 22's case: a plain Lightning DDP run (no helper, no bar) prints once, then trains
+    silently: 40 steps of 0.2 s under --stall-timeout 3 end 0 after every step."""
+    out = tmp_path / "out"
+    out.mkdir()
+    run = run_cli(["--nproc-per-node", "2", "--standalone", "--stall-timeout", "3",
+                   rank_script("lightning_job.py"), str(out), "--steps", "40",
+                   "--step-time", "0.2"], tmp_path, timeout=85)
+    assert run.proc.returncode == 0, run.output()
+    assert run.envelope()["stop"] is None
+    done = [json.loads((out / f"done-{rank}").read_text()) for rank in (0, 1)]
+    assert [d["global_step"] for d in done] == [40, 40]
+
+
+def test_a_program_without_torch_distributed_gets_no_thread(tmp_path: Path) -> None:
+    """The observed runner changes nothing a program can see: no thread until it imports
+    torch.distributed, its argv, __main__ and sys.path[0] as python gives them."""
+    script = tmp_path / "probe.py"
+    script.write_text("import sys, threading\n"
+                      "print(threading.active_count(), sys.argv, __name__, sys.path[0])\n")
+    env = {**os.environ, COLLECTIVES_ENV: "1"}
+    out = subprocess.run([sys.executable, "-m", "forgelm_tui.rank.observed", str(script), "x"],
+                         env=env, capture_output=True, text=True, timeout=30, check=True).stdout
+    assert out.split(maxsplit=1)[0] == "1"
+    assert f"['{script}', 'x'] __main__ {tmp_path}" in out
