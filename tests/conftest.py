@@ -282,6 +282,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
       live on this machine's 2 cores) keep 20-50 processes runnable, and a real-process test
       started then, a multi-node or tmux one, starves past its deadlines (seen in CI:
       45-90 s without a demo's first step); the in-process files fill that time instead.
+      Even those can be starved 30x in that window (a 1 s structure test and a 1 s import
+      probe ran past their 30 s timeouts in two CI runs): with the SLURM tests, a test's own
+      timeout below STORM_TIMEOUT is raised to it (a hang still ends at 120 s, the default).
     """
     from cpu_accounting import FILE_COST_DEFAULT, file_costs
 
@@ -294,6 +297,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return item.get_closest_marker("slurm") is None, sign * cost
 
     items.sort(key=order)
+    if slurm:
+        for item in items:
+            marker = item.get_closest_marker("timeout")
+            if marker is not None and marker.args and marker.args[0] < STORM_TIMEOUT:
+                item.add_marker(pytest.mark.timeout(STORM_TIMEOUT), append=False)
+
+
+STORM_TIMEOUT = 120.0  # a test's timeout while the SLURM jobs start (pyproject's default)
 
 
 __all__ = ["RANKS", "FakeClock", "Run", "make_plan", "pid_alive", "rank_record", "rank_script",

@@ -103,7 +103,13 @@ class Supervisor:
             self.spec.run_id, self.spec.world_size, self.spec.shown_argv, str(self.spec.run_dir),
             self.started_at, tuple(r.snapshot() for r in self.records.values()), stop,
             self.ended_at, node_rank=self.spec.node_rank, nnodes=self.spec.nnodes,
-            gpus=self._gpu.devices, grace=stop.grace if stop else self.spec.grace)
+            gpus=self._gpu.devices, grace=self.grace_in_force)
+
+    @property
+    def grace_in_force(self) -> float:
+        """The grace a stop gives: the stop's own once it began (it may have grown: a
+        preemption's window), else what a stop would give now."""
+        return self.stop.grace if self.stop is not None else self.spec.grace
 
     # ----------------------------------------------------------------- events out
 

@@ -279,7 +279,7 @@ def _duration(record: RankRecord) -> str:
 
 
 def _local_row(r: RankRecord) -> tuple[str, ...]:
-    sent = next((s for s in r.signals_sent if s.purpose.stops), None)
+    sent = r.first_stop
     last = r.signals_sent[-1] if r.signals_sent else None
     return (str(r.rank), str(r.pid or "-"), r.state.value,
             "-" if r.exit_code is None else str(r.exit_code),

@@ -93,7 +93,7 @@ class Session:
 
     @property
     def grace(self) -> float:
-        return self.plan.spec.grace
+        return self.report.supervisor.grace_in_force
 
     def subscribe(self, listener: Callable[[ev.Event], None]) -> None:
         """Every attempt's events, in order, to the same listener."""

@@ -70,9 +70,8 @@ class AttachedRun:
 
     @property
     def grace(self) -> float:
-        if self.snapshot.stop is not None:
-            return self.snapshot.stop.grace
-        # (a snapshot from a supervisor older than the field says nothing: its default)
+        """The run's grace in force, as its supervisor said (``Supervisor.grace_in_force``);
+        the default only for a snapshot without it (the field is optional on the wire)."""
         return self.snapshot.grace if self.snapshot.grace is not None else DEFAULT_GRACE
 
     def subscribe(self, listener: Callable[[ev.Event], None]) -> None:
