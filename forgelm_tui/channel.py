@@ -34,7 +34,7 @@ class MessageKind(StrEnum):
     STOP_REQUESTED = "stop_requested"  # a stop signal reached the rank (signal, via)
     STOPPED = "stopped"  # the rank left its loop at an agreed step (step, signal)
     STACKS_HANDLER = "stacks_handler"  # faulthandler dumps every thread on ``signum`` to ``file``
-    COLLECTIVES = "collectives"  # each process group's [enqueued, completed] (rank.collectives)
+    COLLECTIVES = "collectives"  # how many collectives each process group entered
     OTHER = "other"  # a kind this version does not know (a newer helper): still a heartbeat
 
 
@@ -53,7 +53,7 @@ class Message:
     pid: int | None = None  # ident (as faulthandler prints it) and the file it writes to
     thread: int | None = None
     file: str | None = None
-    groups: dict[str, tuple[int, int]] = field(default_factory=dict)  # collectives: per group
+    groups: dict[str, int] = field(default_factory=dict)  # collectives entered, per group
 
 
 def stacks_file_name(rank: int) -> str:
@@ -106,12 +106,11 @@ def decode(data: bytes) -> Message | None:
     )
 
 
-def _groups(value: Any) -> dict[str, tuple[int, int]]:
-    """A collectives message's counts, each group's two ints; anything else is dropped."""
+def _groups(value: Any) -> dict[str, int]:
+    """A collectives message's counts, an int per group; anything else is dropped."""
     if not isinstance(value, dict):
         return {}
-    return {str(k): (v[0], v[1]) for k, v in value.items()
-            if isinstance(v, list) and len(v) == 2 and all(type(n) is int for n in v)}
+    return {str(k): v for k, v in value.items() if type(v) is int}
 
 
 def _int(value: Any) -> int | None:

@@ -109,11 +109,11 @@ class ProgressReader:
 
     @staticmethod
     def _collectives(record: RankRecord, message: Message) -> None:
-        """A group's completed count that moved is progress: every rank of it took part."""
+        """A group's count that moved is progress: the rank entered a new collective, so its
+        last one completed, and every rank of the group took part."""
         before = record.collectives
         record.collectives = dict(message.groups)
-        if any(completed > before.get(pg, (-1, -1))[1]
-               for pg, (_, completed) in message.groups.items()):
+        if any(count > before.get(pg, 0) for pg, count in message.groups.items()):
             record.saw(Evidence.COLLECTIVE, time.monotonic())
 
     @staticmethod

@@ -49,7 +49,7 @@ class Evidence(StrEnum):
 
     STEP = "step"  # its training step changed (channel, or its training progress bar)
     HEARTBEAT = "heartbeat"  # its main thread said it is alive (channel; an advancing loop bar)
-    COLLECTIVE = "collective"  # a collective of one of its process groups completed
+    COLLECTIVE = "collective"  # it entered a new collective: its last one completed
     OUTPUT = "output"  # it printed
     CPU = "cpu"  # its CPU time grew
 
@@ -122,9 +122,9 @@ class RankRecord:
     peak_gpu_memory_bytes: int | None = None  # the most its processes held on GPUs at once
     log_losses: list[LogLoss] = field(default_factory=list)  # what its logs did not keep
     crash: tuple[str, str] | None = None  # exit 1 of an uncaught exception: (type, message)
-    # Each process group's (enqueued, completed) collectives, as the rank last sent them
-    # (rank/collectives.py); empty while it sent none.
-    collectives: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # How many collectives each of its process groups entered, as it last said
+    # (rank/collectives.py); empty while it said nothing.
+    collectives: dict[str, int] = field(default_factory=dict)
 
     @property
     def alive(self) -> bool:

@@ -109,8 +109,7 @@ def rank_entry(record: RankRecord, result: Json | None) -> Json:
         if record.progress_source
         else None,
         "metrics_history": record.history.as_dict(),
-        "collectives": {pg: {"enqueued": e, "completed": c}
-                        for pg, (e, c) in record.collectives.items()} or None,
+        "collectives": dict(record.collectives) or None,
         **_stacks(record),
         "stopped_at_step": record.stopped_step,
         "reported_signal": record.reported_signal,

@@ -7,7 +7,7 @@ import importlib.util
 import os
 import shutil
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -142,7 +142,7 @@ class Planner:
             forward_signals=parse_signals(ns.forward_signals),
             scheduler_reaches_ranks=scheduler_reaches_ranks(os.environ),
             cwd=self.cwd, max_restarts=self.info.max_restarts,
-            extra_env=collective_env(os.environ) if self.info.collective_trace else {},
+            extra_env=collective_env() if self.info.collective_trace else {},
         )
         info = self.info
         info.spec, info.run_dir, info.grace = spec, str(self.run_dir), grace.grace
@@ -319,13 +319,6 @@ class Planner:
         return paths
 
 
-FR_BUFFER_SIZE = "2000"  # flight recorder entries a rank keeps (~480 B each): the hang's past
-
-
-def collective_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """What a rank needs to send its collective counts (rank/collectives.py): torch's flight
-    recorder on (the user's own ``TORCH_FR_BUFFER_SIZE`` wins) and the watcher asked for."""
-    env = {COLLECTIVES_ENV: "1"}
-    if "TORCH_FR_BUFFER_SIZE" not in environ:
-        env["TORCH_FR_BUFFER_SIZE"] = FR_BUFFER_SIZE
-    return env
+def collective_env() -> dict[str, str]:
+    """What asks a rank's runner to send its collective counts (rank/collectives.py)."""
+    return {COLLECTIVES_ENV: "1"}

@@ -1,20 +1,23 @@
-"""Each process group's collective counts, read inside the rank and sent on the channel: the
-strongest evidence of progress (docs/progress.md, "Collectives").
+"""How many collectives each process group has entered, read inside the rank and sent on the
+channel: the strongest evidence of progress (docs/progress.md, "Collectives").
 
-torch's flight recorder (``TORCH_FR_BUFFER_SIZE`` > 0, set by the supervisor unless the user
-set it) counts every process group's collectives, gloo's as well as NCCL's: enqueued (the rank
-entered it) and completed. A background thread here waits until the program has initialised
-torch.distributed (it never imports torch itself: a program that does not use it pays nothing),
-then reads those counts once a second (``_dump_fr_trace_json`` without the entries: ~230 bytes,
-~0.1 ms) and sends them when they change. A completed count that moves means every rank of that
-group took part: the group trains, whatever its ranks print.
+Every torch.distributed process group numbers its collectives (``ProcessGroup.
+_get_sequence_number_for_group()``: gloo and NCCL alike, without the flight recorder). A
+background thread here waits until the program has initialised torch.distributed (it never
+imports torch itself: a program that does not use it pays nothing), then reads every group's
+number once a second (a counter read, no lock) and sends them when they change. A rank whose
+count moved entered a new collective, so its last one completed: every rank of that group took
+part, whatever its ranks print. A rank stuck in a collective, or one that never enters it,
+keeps its count.
 
-Why not a handler on torch's worker server (``_register_handler``): a Python handler aborts the
-interpreter at exit (``Fatal Python error: PyThreadState_Get`` when the registry is destroyed
-after finalisation, torch 2.13): it would change the program's outcome. And torch's own
-``fr_trace_json`` handler returns every entry (~480 B each, ~1 MB at 2000) on each read.
+Why not the flight recorder's status (``_dump_fr_trace_json``): called from a thread while the
+main thread runs collectives, it hung a rank at its first collectives (the dump holds the GIL
+while it waits for the recorder's lock; the recorder frees entries holding Python frames under
+that lock): seen on the real SLURM test cluster. Why not torch's worker server: a Python handler
+on it aborts the interpreter at exit (``Fatal Python error: PyThreadState_Get``, torch 2.13).
 
-Nothing here may change the program's outcome: any error stops the watching, silently.
+Nothing here may change the program's outcome: an error skips a read; repeated errors stop the
+watching, silently.
 """
 
 from __future__ import annotations
@@ -24,7 +27,6 @@ import functools
 import importlib.abc
 import importlib.machinery
 import importlib.util
-import json
 import os
 import signal
 import sys
@@ -38,7 +40,8 @@ from forgelm_tui.channel import COLLECTIVES_ENV, MessageKind
 READ_EVERY_S = 1.0
 MAX_GROUPS = 64  # process groups sent per message (a datagram holds ~8 KB)
 
-Counts = dict[str, list[int]]  # process group id -> [enqueued, completed]
+Counts = dict[str, int]  # process group name -> collectives entered
+MAX_ERRORS = 10  # reads in a row that failed: the watching stops
 
 
 def install(send: Callable[..., Any]) -> bool:
@@ -99,34 +102,31 @@ def _watch(send: Callable[..., Any]) -> None:
     signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
     stop = threading.Event()
     last: Counts | None = None
-    with contextlib.suppress(Exception):  # never the program's problem
-        while not stop.wait(READ_EVERY_S):
+    errors = 0
+    while errors < MAX_ERRORS and not stop.wait(READ_EVERY_S):
+        try:
             counts = read_counts()
-            if counts is None or counts == last:
-                continue
-            last = counts
+        except Exception:  # a group made or destroyed during the read: the next one
+            errors += 1
+            continue
+        errors = 0
+        if counts is None or counts == last:
+            continue
+        last = counts
+        with contextlib.suppress(Exception):
             send(MessageKind.COLLECTIVES, groups=dict(list(counts.items())[:MAX_GROUPS]))
 
 
 def read_counts() -> Counts | None:
-    """Every process group's [enqueued, completed], once the program initialised
-    torch.distributed; None before (or when torch records nothing)."""
+    """How many collectives each process group entered, once the program initialised
+    torch.distributed; None before (and after it destroyed its groups)."""
     dist = sys.modules.get("torch.distributed")
     initialized = getattr(dist, "is_initialized", None)
     if initialized is None or not initialized():
         return None
-    c10d = sys.modules.get("torch._C._distributed_c10d")
-    dump = getattr(c10d, "_dump_fr_trace_json", None)
-    if dump is None:
+    world = getattr(sys.modules.get("torch.distributed.distributed_c10d"), "_world", None)
+    if world is None:
         return None
-    return parse_status(dump(includeCollectives=False, onlyActive=False))
-
-
-def parse_status(data: bytes | str) -> Counts | None:
-    """``pg_status`` of a flight recorder dump as counts; None when it has none."""
-    status = json.loads(data).get("pg_status")
-    if not isinstance(status, dict) or not status:
-        return None
-    return {str(pg): [int(s.get("last_enqueued_collective", -1)),
-                      int(s.get("last_completed_collective", -1))]
-            for pg, s in status.items() if isinstance(s, dict)}
+    names = dict(world.pg_names)
+    return {str(names.get(pg, index)): int(pg._get_sequence_number_for_group())
+            for index, pg in enumerate(list(world.pg_map))}
