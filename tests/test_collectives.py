@@ -67,14 +67,16 @@ def _planned(tmp_path: Path, *args: str) -> tuple[list[str], dict[str, str], boo
 def test_python_ranks_run_observed(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text("print('hi')\n")
-    argv, env, on = _planned(tmp_path, str(script), "--lr", "1")
+    argv, env, on = _planned(tmp_path, str(script))
+    assert argv[1:] == ["-u", str(script)] and env == {} and not on  # off by default, for now
+    argv, env, on = _planned(tmp_path, "--collective-trace", "on", str(script), "--lr", "1")
     assert argv[1:] == ["-u", "-m", "forgelm_tui.rank.observed", str(script), "--lr", "1"]
     assert env == {COLLECTIVES_ENV: "1"} == collective_env() and on
     argv, env, on = _planned(tmp_path, "--collective-trace", "off", str(script))
     assert argv[1:] == ["-u", str(script)] and env == {} and not on
-    argv, _, on = _planned(tmp_path, "--graceful", str(script))
+    argv, _, on = _planned(tmp_path, "--collective-trace", "on", "--graceful", str(script))
     assert argv[1:] == ["-u", "-m", "forgelm_tui.rank.graceful", str(script)] and on
-    argv, env, on = _planned(tmp_path, "--no-python", "true")
+    argv, env, on = _planned(tmp_path, "--collective-trace", "on", "--no-python", "true")
     assert argv == ["true"] and env == {} and not on
 
 
@@ -85,7 +87,8 @@ def test_a_silent_gloo_loop_is_not_stalled_while_its_collectives_complete(
     (tmp_path / "on").mkdir()
     (tmp_path / "off").mkdir()
     run = run_cli(["--nproc-per-node", "2", "--standalone", "--stall-timeout", "2.5",
-                   rank_script("silent_gloo.py"), "8"], tmp_path / "on", timeout=80)
+                   "--collective-trace", "on", rank_script("silent_gloo.py"), "8"],
+                  tmp_path / "on", timeout=80)
     envelope = run.envelope()
     assert run.proc.returncode == 0, run.output()
     assert envelope["stop"] is None and envelope["settings"]["collective_trace"] is True
@@ -105,7 +108,8 @@ def test_lightning_with_its_progress_bar_off_is_not_stalled(tmp_path: Path) -> N
     out = tmp_path / "out"
     out.mkdir()
     run = run_cli(["--nproc-per-node", "2", "--standalone", "--stall-timeout", "3",
-                   rank_script("lightning_job.py"), str(out), "--steps", "40",
+                   "--collective-trace", "on", rank_script("lightning_job.py"), str(out),
+                   "--steps", "40",
                    "--step-time", "0.2"], tmp_path, timeout=85)
     assert run.proc.returncode == 0, run.output()
     assert run.envelope()["stop"] is None
