@@ -66,15 +66,17 @@ def scenarios(marks: Callable[[str], Path], root: Path) -> list[Scenario]:
         Scenario("approval", [*demo, "--steps", "3", "--exit-code", "4"]),
         Scenario("failure", [*demo, "--steps", "400", "--fail-rank", "3", "--fail-step", "3"]),
         Scenario("scancel", [*demo, "--steps", "100000", "--cleanup-seconds", "3"]),
-        # --time=2: slurmctld ends them 120-150 s in, the ranks long past their start (a rank
-        # that has not installed its handler yet dies of SIGTERM, cleanup or not)
+        # --time=3: slurmctld ends them 180-210 s in, the ranks long past their start (a rank
+        # that has not installed its handler yet dies of SIGTERM, cleanup or not). --time=2
+        # was too short in a slow hour: with the whole suite beside them, the demo's ranks
+        # were still in their first step and ForgeLM's still importing transformers at 120 s.
         Scenario("time_limit_demo", [*demo, "--steps", "100000", "--cleanup-seconds", "2"],
-                 ["--time=2"]),
+                 ["--time=3"]),
         Scenario("time_limit_runner",
                  ["--graceful", rank_script("term_burst.py"), str(marks("time_limit_runner")),
-                  "2", "-", "--runner", "--gloo"], ["--time=2", "--signal=USR1@40"]),
+                  "2", "-", "--runner", "--gloo"], ["--time=3", "--signal=USR1@40"]),
         # ForgeLM mode: the real ForgeLM, training when the limit comes
-        Scenario("time_limit_forgelm", ["--config", str(config)], ["--time=2"], forgelm_env),
+        Scenario("time_limit_forgelm", ["--config", str(config)], ["--time=3"], forgelm_env),
         Scenario("sigkill_node", ["--node-timeout", str(NODE_TIMEOUT), *loop,
                                   str(marks("sigkill_node"))]),
         # the only job of the preemptible partition, holding 8 of each node's 16 CPUs: an

@@ -153,7 +153,7 @@ def test_a_time_limit_is_one_graceful_stop_every_cleanup_finished(
     (forgelm_tui.rank's stop agreement), a ForgeLM-style rank under the graceful runner
     (cleanup in ``except Exception``) and the real ForgeLM in ForgeLM mode alike."""
     job = slurm_jobs[name]
-    state, code = job.wait_end(280)
+    state, code = job.wait_end(340)
     # TIMEOUT, or FAILED 2 when the batch script (which ignores SIGTERM) ended with srun's 2
     # before the scheduler's SIGKILL
     assert state == "TIMEOUT" or (state, code) == ("FAILED", "2:0"), job.sacct()
@@ -171,7 +171,7 @@ def test_a_time_limit_is_one_graceful_stop_every_cleanup_finished(
         return
     for rank in range(4):
         assert (job.marks / f"cleanup-{rank}").read_text() == "done", rank
-        # --signal=USR1@40 (20-80 s in), once per rank: forwarded by forgelm-tui under
+        # --signal=USR1@40 (80-140 s in), once per rank: forwarded by forgelm-tui under
         # proctrack/cgroup (slurmstepd signals only the task), recorded only under linuxproc
         # (it signals all)
         assert len((job.marks / f"usr1-{rank}").read_text().splitlines()) == 1, rank
@@ -229,7 +229,7 @@ def test_a_node_cut_off_the_network_ends_the_other_within_node_timeout_and_grace
     ready(job)
     others = [j for j in slurm_jobs.values() if j is not job]
     # a cut of fnode2 cuts every job on it: the others end first (the slowest, a time limit,
-    # some 150 s after the submission; the rest when their tests have acted, maybe on this
+    # some 210 s after the submission; the rest when their tests have acted, maybe on this
     # very worker after this test: none of them waits for another job)
     wait_for(lambda: not any(j.queued() for j in others), 420, "every other job to end")
     cut = time.time()
