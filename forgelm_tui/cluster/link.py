@@ -27,6 +27,7 @@ from forgelm_tui.cluster.liveness import Liveness
 from forgelm_tui.cluster.store import ControlStore, StoreLost, StoreTimeout
 from forgelm_tui.cluster.wire import stop_from_wire, stop_to_wire
 from forgelm_tui.engine import events as ev
+from forgelm_tui.engine import hang
 from forgelm_tui.engine.codec import DecodeError, from_wire, to_wire
 from forgelm_tui.engine.events import NodeState
 from forgelm_tui.engine.records import StopRecord
@@ -48,6 +49,9 @@ class LinkPeers:
 
     def progress_age(self, now: float) -> float | None:
         return None if self.liveness is None else self.liveness.progress_age(now)
+
+    def collective_bounds(self) -> hang.Bounds:
+        return {} if self.liveness is None else self.liveness.collective_bounds()
 
 
 class NodeLink:
@@ -140,6 +144,7 @@ class NodeLink:
         self._commands.put(("beat", {"seq": self._seq, "phase": self._phase.value,
                                      "host": self.host, "live": len(live),
                                      "progress_age": min(ages) if ages else None,
+                                     "collectives": hang.to_wire(hang.bounds(live)),
                                      "view": to_wire(view)}))
         if reschedule and not self._closed.is_set():
             self._beat_handle = self.loop.call_later(self.interval, self._beat)

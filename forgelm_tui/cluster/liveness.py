@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from forgelm_tui.engine import hang
 from forgelm_tui.engine.events import NodeState
 
 
@@ -23,6 +24,7 @@ class PeerView:
     ranks: list[dict[str, Any]] = field(default_factory=list)  # its RankSnapshots, as wire
     progress_age: float | None = None  # youngest progress among its live ranks, as reported
     live_ranks: int = 0
+    collectives: hang.Bounds = field(default_factory=dict)  # its ranks' lowest, highest counts
 
 
 class Liveness:
@@ -40,6 +42,7 @@ class Liveness:
             peer.seq, peer.seen_mono = beat.get("seq", -1), now
             peer.progress_age = beat.get("progress_age")
             peer.live_ranks = int(beat.get("live", 0))
+            peer.collectives = hang.from_wire(beat.get("collectives"))
             ranks = (beat.get("view") or {}).get("ranks", [])
             changed = ranks != peer.ranks
             peer.ranks = ranks
@@ -96,3 +99,9 @@ class Liveness:
         ages = [p.progress_age + (now - p.seen_mono) for p in self.peers.values()
                 if p.state is NodeState.RUNNING and p.progress_age is not None and p.live_ranks]
         return min(ages) if ages else None
+
+    def collective_bounds(self) -> hang.Bounds:
+        """The lowest and highest collective count per group of other nodes' live ranks, as
+        their last heartbeats said (engine/hang.py)."""
+        return hang.merge(p.collectives for p in self.peers.values()
+                          if p.state is NodeState.RUNNING and p.live_ranks)

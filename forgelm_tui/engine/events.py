@@ -62,6 +62,9 @@ class RankStarted:
 class RankStateChanged:
     rank: int
     state: RankState
+    # Quiet while one of its groups' collectives waits (engine/hang.py): "behind" (it never
+    # entered a collective its peers wait in) or "waiting" (it waits in one); None otherwise.
+    collective: str | None = None
 
 
 @dataclass(frozen=True)

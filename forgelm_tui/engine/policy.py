@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from forgelm_tui.engine import events as ev
+from forgelm_tui.engine import hang
 from forgelm_tui.engine.events import Purpose
 from forgelm_tui.engine.outside import BURST_S, OUTSIDE_STOP_SIGNALS, OutsideSignals
 from forgelm_tui.engine.records import CancelRequest, CancelSource, RankRecord, StopRecord
@@ -45,6 +46,7 @@ class Peers(Protocol):
 
     def live(self) -> bool: ...  # some other node still has ranks running (or is joining)
     def progress_age(self, now: float) -> float | None: ...  # youngest progress among them
+    def collective_bounds(self) -> hang.Bounds: ...  # their lowest, highest count per group
 
 
 class NoPeers:
@@ -55,6 +57,9 @@ class NoPeers:
 
     def progress_age(self, now: float) -> float | None:
         return None
+
+    def collective_bounds(self) -> hang.Bounds:
+        return {}
 
 
 class StopEffects(Protocol):
@@ -163,6 +168,9 @@ class StopPolicy:
         timeout = self.settings.stall_timeout
         quiet_after = min(self.settings.quiet_after, timeout or float("inf"))
         live = self.live()
+        if self.stop is None and self._after_stacks is None:  # the counts a stall froze stay
+            found = hang.merge([hang.bounds(live), self.peers.collective_bounds()])
+            hang.mark_gaps(live, found, now)
         for record in live:
             quiet = record.progress_age(now) >= quiet_after
             if quiet != record.quiet:
@@ -179,8 +187,6 @@ class StopPolicy:
             return
         if self._after_stacks is not None:
             return  # declared already: its stacks are being captured
-        for record in live:
-            record.stalled = True
         self.effects.emit(ev.RunStalled(timeout, tuple(r.rank for r in live)))
         self.stop_after_stacks(StopKind.STALL, f"stalled: no rank made progress for "
                                f"{timeout:g} s", "stall")
@@ -307,7 +313,11 @@ class StopPolicy:
         self._after_stacks = {"kind": kind, "reason": reason, "origin": origin, **begin}
         if pending is not None:
             return  # a capture is under way: this stop waits for it
-        live = self.live()
+        # The ranks that never entered a collective others wait in first: theirs is the stack
+        # that says why (engine/hang.py). Every live rank is stalled, here or on another node.
+        live = sorted(self.live(), key=lambda r: not r.behind)
+        for record in live:
+            record.stalled = True
         self._stacks_began = self.clock()
         if not live or self.settings.stacks_deadline <= 0:
             self._stacks_done()

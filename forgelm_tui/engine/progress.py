@@ -110,7 +110,10 @@ class ProgressReader:
     @staticmethod
     def _collectives(record: RankRecord, message: Message) -> None:
         """A group's count that moved is progress: the rank entered a new collective, so its
-        last one completed, and every rank of the group took part."""
+        last one completed, and every rank of the group took part. Once a stall is declared
+        the counts stay as they were: the hang is named from them (engine/hang.py)."""
+        if record.stalled:
+            return
         before = record.collectives
         record.collectives = dict(message.groups)
         if any(count > before.get(pg, 0) for pg, count in message.groups.items()):

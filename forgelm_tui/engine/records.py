@@ -125,10 +125,22 @@ class RankRecord:
     # How many collectives each of its process groups entered, as it last said
     # (rank/collectives.py); empty while it said nothing.
     collectives: dict[str, int] = field(default_factory=dict)
+    # A group of its stands at different counts (engine/hang.py): since when; and whether it is
+    # below a group's highest count (it never entered a collective others wait in).
+    gap_since: float | None = None
+    behind: bool = False
+    last_strong_mono: float | None = None  # its last step, heartbeat or completed collective
 
     @property
     def alive(self) -> bool:
         return self.pid is not None and self.ended_mono is None
+
+    @property
+    def collective_wait(self) -> str | None:
+        """Quiet in a gap of its collectives: "behind" (its peers wait for it) or "waiting"."""
+        if self.gap_since is None or self.state is not RankState.QUIET:
+            return None
+        return "behind" if self.behind else "waiting"
 
     @property
     def first_stop(self) -> SignalSent | None:
@@ -176,10 +188,19 @@ class RankRecord:
                   or (level is ProgressEvidence.OUTPUT and self.steps_done))
         if counts:
             self.last_progress_mono = now
+            if evidence not in (Evidence.OUTPUT, Evidence.CPU):
+                self.last_strong_mono = now
         return counts
 
     def progress_age(self, now: float) -> float:
-        return ages.progress_age(now, self.last_progress_mono)
+        """Since its last progress; while it is in a gap of its collectives (engine/hang.py),
+        since its last step, heartbeat or completed collective, or the gap's start if it
+        progressed since: its output and CPU time do not count while a peer waits for it, or
+        it waits for a peer."""
+        if self.gap_since is None or self.last_progress_mono is None:
+            return ages.progress_age(now, self.last_progress_mono)
+        since = max(self.last_strong_mono or 0.0, min(self.gap_since, self.last_progress_mono))
+        return ages.progress_age(now, since)
 
     def output_age(self, now: float) -> float | None:
         return ages.output_age(now, self.last_output_mono, self.started_mono, self.ended_mono)
@@ -193,7 +214,7 @@ class RankRecord:
     def mark_started(self, pid: int) -> None:
         now = time.monotonic()
         self.pid, self.started_at, self.started_mono = pid, time.time(), now
-        self.last_progress_mono = now
+        self.last_progress_mono = self.last_strong_mono = now
 
     def mark_exit(self, returncode: int) -> None:
         self.ended_at = time.time()

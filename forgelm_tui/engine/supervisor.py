@@ -121,7 +121,7 @@ class Supervisor:
         state = record.state
         if self._shown[record.rank] is not state:
             self._shown[record.rank] = state
-            self.emit(ev.RankStateChanged(record.rank, state))
+            self.emit(ev.RankStateChanged(record.rank, state, record.collective_wait))
 
     # ----------------------------------------------------------------- running
 

@@ -13,13 +13,14 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from forgelm_tui import __version__
+from forgelm_tui.engine import hang
 from forgelm_tui.envelope import storage
 from forgelm_tui.envelope.entries import stop_entry, verdict_dict
 from forgelm_tui.isotime import iso
 from forgelm_tui.plan.planner import RunInfo
 from forgelm_tui.redact import redact_argv, redact_text
 from forgelm_tui.session.outcome import NodeOutcome, Restarts, RunFrame, RunOutcome
-from forgelm_tui.verdict import Verdict
+from forgelm_tui.verdict import StopKind, Verdict
 
 SCHEMA = "forgelm-tui/envelope/v1"
 Json = dict[str, Any]
@@ -68,6 +69,8 @@ def build(info: RunInfo, outcome: RunOutcome, *, run_dir: str | None,
         "cancelled": _cancelled(outcome),
         "stop": None if outcome.stop is None else stop_entry(
             outcome.stop, outcome.scheduler, agreed=outcome.merged),
+        "hang": hang.name(ranks) if outcome.stop is not None
+        and outcome.stop.kind is StopKind.STALL else None,
         "command": redact_argv(info.command),
         "mode": info.mode,
         **_launch(info),

@@ -149,8 +149,8 @@ class HeadlessView:
                 self._output_age[rank] = age
             case ev.RankEvidenceChanged(rank=rank, evidence=evidence):
                 self._evidence[rank] = evidence
-            case ev.RankStateChanged(rank=rank, state=RankState.QUIET):
-                self.note(f"rank {rank} is quiet ({self._quiet_why(rank)})")
+            case ev.RankStateChanged(rank=rank, state=RankState.QUIET, collective=gap):
+                self.note(f"rank {rank} is quiet ({self._quiet_why(rank, gap)})")
             case ev.RunStalled(seconds=seconds, ranks=ranks):
                 self.note(f"stalled: no progress from rank(s) {_ranks(ranks)} for {seconds:g} s")
             case ev.RankReportedStop(rank=rank, signal=sig, foreign=True, step=step):
@@ -184,8 +184,12 @@ class HeadlessView:
         if line is not None:
             self.note(line)
 
-    def _quiet_why(self, rank: int) -> str:
+    def _quiet_why(self, rank: int, gap: str | None) -> str:
         """What it has not done lately, by the kind of progress that counts for it."""
+        if gap == "behind":
+            return "its peers wait in a collective it has not entered; no step or heartbeat lately"
+        if gap == "waiting":
+            return "it waits in a collective a peer has not entered"
         evidence = self._evidence.get(rank)
         if evidence is ev.ProgressEvidence.STEPS:
             return "no new step and no heartbeat lately"

@@ -8,12 +8,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from forgelm_tui.engine import events as ev
+from forgelm_tui.engine import hang
 from forgelm_tui.engine.logfile import RETRY_EVERY
 
 
 def ending_notes(envelope: dict[str, Any]) -> list[str]:
-    """Before the summary: an error of forgelm-tui itself, and the attempts of a restarted run."""
+    """Before the summary: an error of forgelm-tui itself, the hang a stall found, and the
+    attempts of a restarted run."""
     notes = []
+    if envelope.get("hang"):
+        notes.append(f"hang: {hang.sentence(envelope['hang'])}")
     error = envelope.get("supervisor_error")
     if error:
         notes.append(f"forgelm-tui failed: {error['type']}: {error['message']} (in "

@@ -19,6 +19,7 @@ from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
+from forgelm_tui.engine import hang
 from forgelm_tui.engine.sanitize import sanitize_line
 from forgelm_tui.engine.stack_text import short_frame
 from forgelm_tui.envelope.storage import not_kept_line
@@ -100,6 +101,8 @@ def verdict_summary(envelope: dict[str, Any], envelope_path: str | None) -> Grou
         where = line or f"no traceback: see {sanitize_line(str(rank.get('stderr_log')))}"
         parts.append(_line(f"root cause: rank {root}: ", where, "bold red"))
     parts.extend(_line("warning: ", text, "bold yellow") for text in after_rank0(envelope))
+    if envelope.get("hang"):
+        parts.append(_line("hang: ", hang.sentence(envelope["hang"]), "bold red"))
     stuck = [r for r in envelope["ranks"] if r.get("stuck_at")]
     if stuck and (envelope.get("stop") or {}).get("kind") == "stall":
         parts.append(_line("stuck at: ", " · ".join(
