@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import rank_record, rank_script, run_cli
+from conftest import rank_record, rank_script, run_cli, start
 from policy_harness import harness
 
 from forgelm_tui.engine import hang
@@ -215,27 +215,33 @@ def test_counts_after_the_stall_stay_as_they_were() -> None:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("mode", ["chatty", "silent"])
-def test_a_rank_that_stops_taking_part_is_named(tmp_path: Path, mode: str) -> None:
-    """Real gloo ranks: after 10 steps rank 1 never enters the next all_reduce (it sleeps, or
-    loops on sleep while a thread prints); rank 0 waits in it. Stalled, exit 2, and named."""
-    run = run_cli(["--nproc-per-node", "2", "--standalone", "--stall-timeout", "4",
-                   "--collective-trace", "on", rank_script("laggard_gloo.py"), mode],
-                  tmp_path, timeout=100)
-    envelope = run.envelope()
-    assert run.proc.returncode == 2, run.output()
-    assert envelope["stop"]["kind"] == StopKind.STALL.value
-    found = envelope["hang"]
-    assert found["missing_ranks"] == [1] and found["waiting_ranks"] == [0], found
-    assert found["collective"]["op"] == "all_reduce" and found["collective"]["pg"] == "0", [
-        (r["rank"], r["stuck_at"], r["stacks_note"]) for r in envelope["ranks"]]
-    assert found["trace_files"][0].endswith("rank-1.stacks.txt")
-    assert "hang: rank 1 never entered all_reduce #" in "".join(run.output())
+def test_a_rank_that_stops_taking_part_is_named(tmp_path: Path) -> None:
+    """Real gloo ranks: after 10 steps rank 1 never enters the next all_reduce: it sleeps
+    (the laggard), or loops on sleep while a thread prints (the chatty laggard; both runs at
+    once); rank 0 waits in it. Stalled, exit 2, and named."""
+    runs = {}
+    for mode in ("silent", "chatty"):
+        (tmp_path / mode).mkdir()
+        runs[mode] = start(["--nproc-per-node", "2", "--standalone", "--stall-timeout", "4",
+                            "--collective-trace", "on", rank_script("laggard_gloo.py"), mode],
+                           tmp_path / mode)
+    for mode, run in runs.items():
+        run.wait(100)
+        out = "".join(run.output())
+        envelope = run.envelope()
+        assert run.proc.returncode == 2, (mode, out)
+        assert envelope["stop"]["kind"] == StopKind.STALL.value
+        found = envelope["hang"]
+        assert found["missing_ranks"] == [1] and found["waiting_ranks"] == [0], (mode, found)
+        assert found["collective"]["op"] == "all_reduce" and found["collective"]["pg"] == "0", [
+            (r["rank"], r["stuck_at"], r["stacks_note"]) for r in envelope["ranks"]]
+        assert found["trace_files"][0].endswith("rank-1.stacks.txt")
+        assert "hang: rank 1 never entered all_reduce #" in out
 
 
 @pytest.mark.timeout(120)
 def test_a_long_phase_with_heartbeats_while_a_peer_waits_is_not_a_hang(tmp_path: Path) -> None:
-    """Rank 1 evaluates for 8 s (no collective, printing and sending heartbeats) while rank 0
+    """Rank 1 evaluates for 6 s (no collective, printing and sending heartbeats) while rank 0
     waits in a barrier, under --stall-timeout 4: ends 0."""
     run = run_cli(["--nproc-per-node", "2", "--standalone", "--stall-timeout", "4",
                    "--collective-trace", "on", rank_script("laggard_gloo.py"), "pause"],

@@ -73,9 +73,9 @@ def _add_grace(own: argparse._ArgumentGroup) -> None:
 
 def _add_rank_runtime(own: argparse._ArgumentGroup) -> None:
     """What forgelm-tui runs a Python rank under: the graceful runner, the collectives trace."""
-    own.add_argument("--collective-trace", choices=("on", "off"), default="off",
+    own.add_argument("--collective-trace", choices=("on", "off"), default="on",
                      help="Python ranks: how many collectives each process group entered counts "
-                          "as progress (default off for now; docs/progress.md)")
+                          "as progress and names a hang (default on; docs/progress.md)")
     graceful = own.add_mutually_exclusive_group()
     graceful.add_argument("--graceful", dest="graceful", action="store_true", default=None,
                           help="run Python ranks so that SIGTERM raises an exception in the "

@@ -6,7 +6,7 @@ every 10 steps. After STEPS (10) steps the last rank (the *laggard*):
 - ``chatty``: loops on ``time.sleep(0.01)`` while a background thread prints twice a second:
   its output moves, its stack changes, and it never enters the collective its peers wait in;
 - ``spin``: spins a core in a Python loop, printing nothing;
-- ``pause``: a collective-free phase of 8 s (an evaluation on one rank) that prints and sends
+- ``pause``: a collective-free phase of 6 s (an evaluation on one rank) that prints and sends
   a heartbeat from its main thread every 0.5 s while its peers wait in a barrier; then every
   rank trains 10 more steps and exits 0.
 """
@@ -56,7 +56,7 @@ elif mode == "pause":
     if laggard:
         from forgelm_tui.rank import heartbeat
 
-        for second in range(16):
+        for second in range(12):
             print(f"rank {rank}: evaluating, batch {second}", flush=True)
             heartbeat()
             time.sleep(0.5)
