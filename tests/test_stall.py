@@ -32,8 +32,9 @@ def test_silent_idle_ranks_are_a_stall(tmp_path: Path, marks: Path) -> None:
 @pytest.mark.fault("F08")
 @pytest.mark.timeout(90)
 def test_collective_deadlock_ends_within_stall_plus_grace(tmp_path: Path) -> None:
-    """The demo's rank 1 stops taking part; rank 0 blocks in the all-reduce: a stall, with
-    both ranks' stacks (rank 0's read inside the blocked collective)."""
+    """The demo's rank 1 stops taking part (it sleeps, silent: issue 22's laggard); rank 0
+    blocks in DDP's gradient all-reduce: a stall, with both ranks' stacks (rank 0's read inside
+    the blocked collective), and the hang named from their collective counts."""
     from conftest import start, wait_for
 
     run = start(["demo", "--steps", "200", "--step-time", "0.05", "--hang-rank", "1",
@@ -51,3 +52,7 @@ def test_collective_deadlock_ends_within_stall_plus_grace(tmp_path: Path) -> Non
     assert rank1["stuck_at"].split(" ")[-1] == "stuck_forever", rank1
     assert rank0["stuck_at"] is not None and rank0["stacks_via"] == "faulthandler"
     assert all(Path(r["stacks_file"]).exists() for r in (rank0, rank1))
+    hang = envelope["hang"]
+    assert (hang["missing_ranks"], hang["waiting_ranks"]) == ([1], [0]), hang
+    assert hang["collective"]["op"] == "all_reduce", rank0["stuck_at"]
+    assert hang["collective"]["seq"] == rank0["collectives"]["0"] > rank1["collectives"]["0"]
