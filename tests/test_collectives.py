@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import rank_record, rank_script, run_cli, start
+from conftest import rank_record, rank_script, start
 
 from forgelm_tui import channel
 from forgelm_tui.channel import COLLECTIVES_ENV, Message, MessageKind
@@ -78,20 +78,25 @@ def test_python_ranks_run_observed(tmp_path: Path) -> None:
     assert argv == ["true"] and env == {} and not on
 
 
-def test_a_silent_gloo_loop_is_not_stalled_while_its_collectives_complete(
-        tmp_path: Path) -> None:
-    """A banner, then 7 s of silent training, --stall-timeout 4: ends 0. The same run without
-    the collective trace (at the same time) is stopped as stalled (what the evidence
-    changes)."""
+def test_silent_training_is_not_stalled_while_its_collectives_complete(tmp_path: Path) -> None:
+    """Three runs at once, --stall-timeout 4. A gloo loop: a banner, then 7 s of silent
+    training: ends 0; the same without the collective trace is stopped as stalled (what the
+    evidence changes). Issue 22's case: a plain Lightning DDP run (no helper, its progress bar
+    off) prints once, then trains silently: 30 steps of 0.2 s end 0 after every step."""
+    out = tmp_path / "out"
+    out.mkdir()
     runs = {}
-    for trace in ("on", "off"):
-        (tmp_path / trace).mkdir()
-        runs[trace] = start(["--nproc-per-node", "2", "--standalone", "--stall-timeout", "4",
-                             "--collective-trace", trace, rank_script("silent_gloo.py"), "7"],
-                            tmp_path / trace)
-    run, off = runs["on"], runs["off"]
-    run.wait(80)
-    off.wait(80)
+    for name, args in (
+            ("on", ["--collective-trace", "on", rank_script("silent_gloo.py"), "7"]),
+            ("off", ["--collective-trace", "off", rank_script("silent_gloo.py"), "7"]),
+            ("lightning", [rank_script("lightning_job.py"), str(out), "--steps", "30",
+                           "--step-time", "0.2"])):
+        (tmp_path / name).mkdir()
+        runs[name] = start(["--nproc-per-node", "2", "--standalone", "--stall-timeout", "4",
+                            *args], tmp_path / name)
+    for run in runs.values():
+        run.wait(85)
+    run, off, lightning = runs["on"], runs["off"], runs["lightning"]
     envelope = run.envelope()
     assert run.proc.returncode == 0, run.output()
     assert envelope["stop"] is None and envelope["settings"]["collective_trace"] is True
@@ -100,18 +105,8 @@ def test_a_silent_gloo_loop_is_not_stalled_while_its_collectives_complete(
         assert 35 <= count <= 70, rank["collectives"]
     assert off.proc.returncode == 2 and off.envelope()["stop"]["kind"] == "stall"
     assert all(r["collectives"] is None for r in off.envelope()["ranks"])
-
-
-def test_lightning_with_its_progress_bar_off_is_not_stalled(tmp_path: Path) -> None:
-    """Issue 22's case: a plain Lightning DDP run (no helper, no bar) prints once, then trains
-    silently: 30 steps of 0.2 s under --stall-timeout 4 end 0 after every step."""
-    out = tmp_path / "out"
-    out.mkdir()
-    run = run_cli(["--nproc-per-node", "2", "--standalone", "--stall-timeout", "4",
-                   "--collective-trace", "on", rank_script("lightning_job.py"), str(out),
-                   "--steps", "30", "--step-time", "0.2"], tmp_path, timeout=85)
-    assert run.proc.returncode == 0, run.output()
-    assert run.envelope()["stop"] is None
+    assert lightning.proc.returncode == 0, lightning.output()
+    assert lightning.envelope()["stop"] is None
     done = [json.loads((out / f"done-{rank}").read_text()) for rank in (0, 1)]
     assert [d["global_step"] for d in done] == [30, 30]
 
