@@ -35,11 +35,27 @@ def test_the_ranks_below_the_highest_count_never_entered_the_collective() -> Non
     found = hang.name(ranks)
     assert found == {
         "collective": {"pg": "0", "seq": 41, "op": "all_reduce", "op_from": "stacks"},
-        "waiting_ranks": [0, 1, 3], "missing_ranks": [2], "other_groups": [],
+        "waiting_ranks": [0, 1, 3], "missing_ranks": [2], "mismatch": None, "other_groups": [],
         "trace_files": ["/run/rank-2.stacks.txt", "/run/rank-0.stacks.txt",
                         "/run/rank-1.stacks.txt", "/run/rank-3.stacks.txt"]}
     assert hang.sentence(found) == ("rank 2 never entered all_reduce #41 of process group 0; "
                                     "ranks 0-1, 3 wait in it")
+
+
+def test_ranks_at_one_count_in_different_collectives_are_a_mismatch() -> None:
+    """A stop handler's broadcast on rank 0 against the loop's all_reduce on rank 1: both
+    entered collective #5, different ones (tests/test_stop_together.py's handler-collective)."""
+    ranks = [_entry(0, {"0": 5}, f"{C10D}:3151 broadcast"),
+             _entry(1, {"0": 5}, f"{C10D}:3252 all_reduce")]
+    found = hang.name(ranks)
+    assert found is not None and found["mismatch"] == {"broadcast": [0], "all_reduce": [1]}
+    assert (found["waiting_ranks"], found["missing_ranks"]) == ([0, 1], [])
+    assert found["collective"] == {"pg": "0", "seq": 5, "op": None, "op_from": "stacks"}
+    assert hang.sentence(found) == ("ranks 0-1 wait at collective #5 of process group 0 in "
+                                    "different collectives: broadcast (rank 0), all_reduce "
+                                    "(rank 1)")
+    same = [_entry(0, {"0": 5}, f"{C10D}:3252 all_reduce"), _entry(1, {"0": 5}, None)]
+    assert hang.name(same) is None  # one collective seen: nothing to say
 
 
 def test_no_gap_no_hang_and_unknown_counts_are_left_out() -> None:

@@ -41,6 +41,11 @@ def test_replaced_patterns_fail_under_the_same_injection(tmp_path: Path, pattern
     clean = all(r["exit_code"] == 0 for r in envelope["ranks"]) and len(set(steps)) == 1 \
         and steps[0] is not None
     assert not clean, f"{pattern} unexpectedly stopped together: {steps}"
+    if hung:  # both ranks entered the same collective number, different collectives
+        mismatch = envelope["hang"]["mismatch"]
+        assert sorted(mismatch) == sorted(
+            {"local-flag": ["all_reduce", "barrier"],
+             "handler-collective": ["all_reduce", "broadcast"]}[pattern]), envelope["hang"]
     rank1 = envelope["ranks"][1]
     stderr1 = (run.run_dir / "rank-1.stderr.log").read_text()
     assert hung or rank1["exit_code"] != 0 or "Connection" in stderr1 or rank1["signal"]

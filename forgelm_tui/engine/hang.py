@@ -107,7 +107,7 @@ def name(ranks: Sequence[Json]) -> Json | None:
             missing = sorted(rank for rank, c in counts.items() if c < high)
             gaps.append((group, high, waiting, missing))
     if not gaps:
-        return None
+        return _mismatch(stalled, groups)
     waiting_somewhere = {rank for _, _, waiting, _ in gaps for rank in waiting}
     group, seq, waiting, missing = min(gaps, key=lambda gap: (
         bool(set(gap[3]) & waiting_somewhere), -len(gap[2])))
@@ -117,9 +117,32 @@ def name(ranks: Sequence[Json]) -> Json | None:
              if by_rank[rank].get("stacks_file")]
     return {"collective": {"pg": group, "seq": seq, "op": op,
                            "op_from": None if op is None else "stacks"},
-            "waiting_ranks": waiting, "missing_ranks": missing,
+            "waiting_ranks": waiting, "missing_ranks": missing, "mismatch": None,
             "other_groups": [g for g, *_ in gaps if g != group],
             "trace_files": list(dict.fromkeys(files))}
+
+
+def _mismatch(stalled: Sequence[Json], groups: Sequence[str]) -> Json | None:
+    """Every rank of a group at the same count, but their stacks in different collectives
+    (one rank in a barrier, its peer in an all_reduce: the program called different ones, a
+    stop handler's collective against the loop's): a hang no count tells, named from the
+    stacks. None when the stacks do not show two different collectives."""
+    for group in groups:
+        ranks = [r for r in stalled if group in r["collectives"]]
+        if len({r["collectives"][group] for r in ranks}) != 1:
+            continue
+        ops: dict[str, list[int]] = {}
+        for rank in sorted(ranks, key=lambda r: r["rank"]):
+            op = op_of(rank.get("stuck_at"))
+            if op is not None:
+                ops.setdefault(op, []).append(rank["rank"])
+        if len(ops) >= 2:
+            files = [r["stacks_file"] for r in ranks if r.get("stacks_file")]
+            return {"collective": {"pg": group, "seq": ranks[0]["collectives"][group],
+                                   "op": None, "op_from": "stacks"},
+                    "waiting_ranks": sorted(r["rank"] for r in ranks), "missing_ranks": [],
+                    "mismatch": ops, "other_groups": [], "trace_files": files}
+    return None
 
 
 def op_of(stuck_at: str | None) -> str | None:
@@ -140,6 +163,10 @@ def sentence(hang: Json) -> str:
     """One sentence: ``rank 3 never entered all_reduce #1043 of process group 0; ranks 0-2
     wait in it``."""
     collective = hang["collective"]
+    if hang.get("mismatch"):
+        called = ", ".join(f"{op} ({rank_list(ranks)})" for op, ranks in hang["mismatch"].items())
+        return (f"{rank_list(hang['waiting_ranks'])} wait at collective #{collective['seq']} of "
+                f"process group {collective['pg']} in different collectives: {called}")
     what = f"{collective['op'] or 'collective'} #{collective['seq']}"
     missing, waiting = hang["missing_ranks"], hang["waiting_ranks"]
     wait = "waits" if len(waiting) == 1 else "wait"
