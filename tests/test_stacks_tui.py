@@ -113,3 +113,22 @@ def test_the_notice_sanitises_what_came_from_a_rank() -> None:
         ev.RankStacks(0, "/x/\x1b[31mevil.py:1 f", "/r/rank-0.stacks.txt", "faulthandler"),), 0.0,
         0.1)
     assert "\x1b" not in stacks_notice(event)
+
+
+def test_the_verdict_says_the_hang_in_one_sentence() -> None:
+    """A stall's hang (engine/hang.py) in the verdict's summary, before where each rank was."""
+    envelope = {
+        "exit_code": 2, "exit_name": "EXIT_TRAINING_ERROR", "exit_meaning": "runtime error",
+        "ci_action": "investigate logs", "root_cause_rank": None, "disagreements": [],
+        "decided_by": {"rule": 4, "explanation": "stalled: no rank made progress"},
+        "stop": {"kind": "stall"},
+        "hang": {"collective": {"pg": "0", "seq": 1043, "op": "all_reduce", "op_from": "stacks"},
+                 "waiting_ranks": [0, 1, 2], "missing_ranks": [3], "mismatch": None,
+                 "other_groups": [], "trace_files": ["/runs/x/rank-3.stacks.txt"]},
+        "ranks": [_rank(r, stuck_at=f"/work/pkg/train.py:{r} step") for r in range(4)],
+    }
+    text = _text(envelope)
+    assert ("hang: rank 3 never entered all_reduce #1043 of process group 0; ranks 0-2 wait in "
+            "it") in text
+    assert text.index("hang:") < text.index("stuck at:")
+    assert "hang:" not in _text({**envelope, "hang": None})
