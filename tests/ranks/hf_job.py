@@ -33,6 +33,7 @@ parser.add_argument("dir")
 parser.add_argument("--steps", type=int, default=300)
 parser.add_argument("--step-time", type=float, default=0.03)
 parser.add_argument("--every", type=int, default=1)
+parser.add_argument("--logging-steps", type=int, default=1)
 parser.add_argument("--no-callback", action="store_true")
 parser.add_argument("--term-rank", type=int, default=None)
 parser.add_argument("--term-step", type=int, default=5)
@@ -80,7 +81,7 @@ model = GPT2LMHeadModel(config)
 out = os.path.join(opts.dir, "out")
 args = TrainingArguments(
     output_dir=out, per_device_train_batch_size=2, max_steps=opts.steps, learning_rate=1e-3,
-    logging_steps=1, save_strategy="no", report_to="none", use_cpu=True,
+    logging_steps=opts.logging_steps, save_strategy="no", report_to="none", use_cpu=True,
     ddp_backend="gloo" if world > 1 else None,
     disable_tqdm=True, dataloader_num_workers=0, seed=0, ddp_find_unused_parameters=False,
 )
