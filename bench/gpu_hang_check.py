@@ -1,0 +1,92 @@
+"""Collective evidence and hang naming on NCCL, on a real GPU machine (issue 22; it cannot run on
+a CPU one). The sibling of bench/gpu_check.py.
+
+    .venv/bin/python bench/gpu_hang_check.py [--seconds 20] [--stall-timeout 5]
+
+1. ``healthy``: ``forgelm-tui --no-tui --standalone --nproc-per-node G --stall-timeout S
+   bench/ranks/nccl_loop.py healthy SECONDS`` (G: the GPUs, at most 2; one rank a GPU, as NCCL
+   wants), silent after a banner for SECONDS > S: must end 0, no stop, every rank's
+   ``collectives`` counted (NCCL's sequence numbers read as gloo's are).
+2. ``chatty`` (needs 2 GPUs: NCCL refuses two ranks on one device): after 3 s rank 1 stops
+   taking part while a thread prints; rank 0 blocks reading its all-reduced tensor (a CUDA
+   synchronisation, spinning a core): must end 2, stall, ``hang.missing_ranks == [1]``,
+   ``waiting_ranks == [0]``. The op is printed, not required: a rank blocked in a CUDA
+   synchronisation shows the Python line that read the tensor, not a c10d frame.
+
+Exit 0 when every check that could run passed, 1 otherwise; each result is printed, and what
+did not run (one GPU: no hang case) is said.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+FTUI = os.environ.get("BENCH_FORGELM_TUI", str(Path(sys.executable).parent / "forgelm-tui"))
+RANK = str(ROOT / "bench" / "ranks" / "nccl_loop.py")
+
+
+def gpus() -> int:
+    import torch
+
+    return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+
+
+def run(mode: str, nproc: int, seconds: float, stall: float, where: Path) -> dict[str, Any]:
+    began = time.monotonic()
+    proc = subprocess.run([FTUI, "--no-tui", "--standalone", "--nproc-per-node", str(nproc),
+                           "--stall-timeout", f"{stall:g}", "--grace", "5", "--run-dir",
+                           str(where), RANK, mode, f"{seconds:g}"],
+                          capture_output=True, text=True, timeout=seconds + 240)
+    envelope = json.loads((where / "envelope.json").read_text())
+    print(f"{mode}: exit {proc.returncode} in {time.monotonic() - began:.1f} s; "
+          f"stop {envelope['stop'] and envelope['stop']['kind']}; hang {envelope['hang']}; "
+          f"collectives {[r['collectives'] for r in envelope['ranks']]}")
+    hang_lines = [line for line in proc.stdout.splitlines() if "hang:" in line]
+    print("\n".join(f"  {line}" for line in hang_lines))
+    return {"code": proc.returncode, "envelope": envelope}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--stall-timeout", type=float, default=5.0)
+    opts = parser.parse_args()
+    count = gpus()
+    if count == 0:
+        print("no CUDA device: this check runs on a GPU machine (nothing was checked)")
+        return 1
+    problems: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="gpu-hang-") as tmp:
+        healthy = run("healthy", min(count, 2), opts.seconds, opts.stall_timeout,
+                      Path(tmp) / "healthy")
+        envelope = healthy["envelope"]
+        if healthy["code"] != 0 or envelope["stop"] is not None:
+            problems.append(f"healthy: exit {healthy['code']}, stop {envelope['stop']}")
+        if not all(r["collectives"] and max(r["collectives"].values()) > 0
+                   for r in envelope["ranks"]):
+            problems.append("healthy: a rank's collective counts are missing on NCCL")
+        if count < 2:
+            print("chatty: not run (one GPU; NCCL wants one rank a device)")
+        else:
+            chatty = run("chatty", 2, 600, opts.stall_timeout, Path(tmp) / "chatty")
+            hang = chatty["envelope"]["hang"] or {}
+            if chatty["code"] != 2 or (hang.get("missing_ranks"), hang.get("waiting_ranks")) \
+                    != ([1], [0]):
+                problems.append(f"chatty: exit {chatty['code']}, hang {hang}")
+    for problem in problems:
+        print(f"MISMATCH {problem}")
+    print("ok" if not problems else f"{len(problems)} problem(s)")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
