@@ -14,7 +14,8 @@ a CPU one). The sibling of bench/gpu_check.py.
    synchronisation shows the Python line that read the tensor, not a c10d frame.
 
 Exit 0 when every check that could run passed, 1 otherwise; each result is printed, and what
-did not run (one GPU: no hang case) is said.
+did not run (one GPU: no hang case) is said. ``--dry-run``: the same two runs on gloo and CPU
+tensors, as if there were two GPUs: the check's own flow, on a machine without one.
 """
 
 from __future__ import annotations
@@ -40,18 +41,20 @@ def gpus() -> int:
     return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
 
 
-def run(mode: str, nproc: int, seconds: float, stall: float, where: Path) -> dict[str, Any]:
+def run(mode: str, nproc: int, seconds: float, stall: float, where: Path,
+        backend: str) -> dict[str, Any]:
     began = time.monotonic()
     proc = subprocess.run([FTUI, "--no-tui", "--standalone", "--nproc-per-node", str(nproc),
                            "--stall-timeout", f"{stall:g}", "--grace", "5", "--run-dir",
-                           str(where), RANK, mode, f"{seconds:g}"],
+                           str(where), RANK, mode, f"{seconds:g}", backend],
                           capture_output=True, text=True, timeout=seconds + 240)
     envelope = json.loads((where / "envelope.json").read_text())
     print(f"{mode}: exit {proc.returncode} in {time.monotonic() - began:.1f} s; "
           f"stop {envelope['stop'] and envelope['stop']['kind']}; hang {envelope['hang']}; "
           f"collectives {[r['collectives'] for r in envelope['ranks']]}")
-    hang_lines = [line for line in proc.stdout.splitlines() if "hang:" in line]
-    print("\n".join(f"  {line}" for line in hang_lines))
+    for line in proc.stdout.splitlines():
+        if "hang:" in line:
+            print(f"  {line}")
     return {"code": proc.returncode, "envelope": envelope}
 
 
@@ -59,15 +62,18 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--stall-timeout", type=float, default=5.0)
+    parser.add_argument("--dry-run", action="store_true",
+                        help="gloo on CPU tensors, as if there were two GPUs")
     opts = parser.parse_args()
-    count = gpus()
+    backend = "gloo" if opts.dry_run else "nccl"
+    count = 2 if opts.dry_run else gpus()
     if count == 0:
         print("no CUDA device: this check runs on a GPU machine (nothing was checked)")
         return 1
     problems: list[str] = []
     with tempfile.TemporaryDirectory(prefix="gpu-hang-") as tmp:
         healthy = run("healthy", min(count, 2), opts.seconds, opts.stall_timeout,
-                      Path(tmp) / "healthy")
+                      Path(tmp) / "healthy", backend)
         envelope = healthy["envelope"]
         if healthy["code"] != 0 or envelope["stop"] is not None:
             problems.append(f"healthy: exit {healthy['code']}, stop {envelope['stop']}")
@@ -77,7 +83,7 @@ def main() -> int:
         if count < 2:
             print("chatty: not run (one GPU; NCCL wants one rank a device)")
         else:
-            chatty = run("chatty", 2, 600, opts.stall_timeout, Path(tmp) / "chatty")
+            chatty = run("chatty", 2, 600, opts.stall_timeout, Path(tmp) / "chatty", backend)
             hang = chatty["envelope"]["hang"] or {}
             if chatty["code"] != 2 or (hang.get("missing_ranks"), hang.get("waiting_ranks")) \
                     != ([1], [0]):
