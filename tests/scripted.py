@@ -296,6 +296,29 @@ def state_approval(run: ScriptedRun, clock: FakeClock,
     return _outcome(run, records, None, [], results, envelope_dir)
 
 
+def state_hung(run: ScriptedRun, clock: FakeClock, envelope_dir: Path | None = None) -> RunEnding:
+    """Rank 2 never entered all_reduce #1043; the others wait in it: a stall, named."""
+    start_ranks(run, clock)
+    run.emit(ev.RunStalled(600.0, (0, 1, 2, 3)))
+    reason = "stalled: no rank made progress for 600 s"
+    ranks = tuple(range(run.world_size))
+    _stop(run, clock, ranks, StopKind.STALL, reason, "stall")
+    for rank in ranks:
+        _exit(run, clock, rank, None, signal.SIGTERM, RankState.KILLED)
+    run.emit(ev.RunFinished(clock()))
+    sent = [SignalSent(signal.SIGTERM, T0 + 120.001, reason, Purpose.STOP)]
+    records = _records(run.world_size, {r: (None, signal.SIGTERM, 121.0, sent) for r in ranks})
+    c10d = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py:3252"
+    for record in records:
+        missing = record.rank == 2
+        record.stalled, record.collectives = True, {"0": 1042 if missing else 1043}
+        record.stacks = ev.RankStacks(
+            record.rank, "/jobs/train.py:88 load_batch" if missing else f"{c10d} all_reduce",
+            f"/runs/x/rank-{record.rank}.stacks.txt", "faulthandler")
+    stop = StopRecord(StopKind.STALL, reason, "stall", None, T0 + 120.001, 0.0)
+    return _outcome(run, records, stop, [], {}, envelope_dir)
+
+
 STATES: dict[str, tuple[int, Callable[..., Any]]] = {
     "running": (8, state_running),
     "cancelling": (8, state_cancelling),
@@ -303,8 +326,9 @@ STATES: dict[str, tuple[int, Callable[..., Any]]] = {
     "approval": (2, state_approval),
     "crashed": (4, state_crashed),
     "training": (4, state_training),
+    "hung": (4, state_hung),
 }
-ENDED = ("failed", "approval", "crashed")  # states that finish the run
+ENDED = ("failed", "approval", "crashed", "hung")  # states that finish the run
 
 
 async def pilot_wait_for(pilot: Any, condition: Callable[[], Any], what: str,

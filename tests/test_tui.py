@@ -375,3 +375,8 @@ def test_snapshot_failed(snap_compare: Any, tmp_path: Path) -> None:
 
 def test_snapshot_approval(snap_compare: Any, tmp_path: Path) -> None:
     _snap("approval", snap_compare, tmp_path)
+
+
+def test_snapshot_hung(snap_compare: Any, tmp_path: Path) -> None:
+    """A stall whose hang is named: the verdict says it in one sentence (issue 22)."""
+    _snap("hung", snap_compare, tmp_path)
