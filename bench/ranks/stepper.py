@@ -3,7 +3,8 @@
 argv: DIR SECONDS [STEPS_PER_S]. Writes DIR/ready-RANK = "PID PPID" as sleeper.py does, then
 for SECONDS reports a step (of 100,000) and a falling, noisy loss on the channel and prints
 ``step N/T loss X``, STEPS_PER_S (10) times a second, as the demo does: what the TUI's bars,
-pace and curves are fed. Exits 0.
+pace and curves are fed. Exits 0, after SECONDS or as soon as DIR/stop exists (bench/scale.py
+ends a run when its window is measured).
 """
 
 import math
@@ -24,7 +25,10 @@ os.replace(path + ".tmp", path)
 noise = random.Random(rank)
 start = time.monotonic()
 step = 0
+stop = os.path.join(out, "stop")
 while (elapsed := time.monotonic() - start) < seconds:
+    if step % 4 == 0 and os.path.exists(stop):
+        break
     step += 1
     loss = round(0.5 + 2.0 * math.exp(-step / 300) + noise.random() * 0.1, 4)
     report_progress(step, 100_000, {"loss": loss})
