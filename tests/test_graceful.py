@@ -99,7 +99,8 @@ def test_a_stopped_gloo_rank_frees_the_peer_waiting_on_it(tmp_path: Path, marks:
     os.kill(pids[1], signal.SIGTERM)
     wait_for(lambda: (marks / "caught-0").exists() and (marks / "stopped-1").exists(), 30,
              "rank 0's collective to fail while rank 1 is in its cleanup")
-    assert "Connection closed" in (marks / "caught-0").read_text()
+    caught = (marks / "caught-0").read_text()  # rank 1 still runs: it left the group
+    assert "Connection closed" in caught or "Connection reset" in caught, caught  # FIN or RST
     assert (marks / "stopped-1").read_text() == "GracefulStop: stopped by SIGTERM"
     os.kill(pids[0], signal.SIGTERM)  # rank 0 is in its cleanup, waiting for the release
     time.sleep(0.3)  # long enough for a wrongly raised stop to land in that cleanup (3 re-checks)
