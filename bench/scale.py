@@ -21,8 +21,12 @@ twice a second, as the issue's measurement did), running long enough for the win
 - **exit**: every supervisor's exit code once the ranks end (all 0: the bench asks them to,
   through a file, when the window is over), and how long that took.
 
-Only the steady state is measured here so far: the failure fan-out and torchrun's store
-traffic for the same N are issue 23's next step. Raw numbers to OUT/scale.json, a table to
+- with ``--fail-runs R``, then R runs per N x K whose last rank exits 2 two seconds after the
+  join: **failure -> every rank signalled** (the latest first stop signal among the other
+  ranks, from node 0's envelope, against the failing rank's own ``time.time()``), **-> every
+  supervisor exited**, every exit 2; median and max over the runs.
+
+Not yet: torchrun's store traffic for the same N. Raw numbers to OUT/scale.json, a table to
 stdout and OUT/scale.md. No timing is asserted.
 """
 
@@ -38,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -97,13 +102,14 @@ def rss_mib(pid: int) -> float:
     return 0.0
 
 
-def run_one(nodes: int, ranks: int, window: float, settle: float, out: Path,
-            node_timeout: float) -> dict[str, Any]:
+def launch(nodes: int, ranks: int, out: Path, node_timeout: float,
+           ) -> tuple[list[subprocess.Popen[bytes]], Path, int, float]:
+    """N supervisors of K stepper ranks each; returns them, the marks dir, the port, and how
+    long until every rank wrote its ready file."""
     port = port_pair()
     slot = Path(tempfile.mkdtemp(prefix=f"scale-{nodes}x{ranks}-", dir=out))
     marks = slot / "marks"
     marks.mkdir()
-    seconds = 600  # the ranks end when the window is measured (marks/stop)
     began = time.monotonic()
     procs = []
     for node in range(nodes):
@@ -111,11 +117,10 @@ def run_one(nodes: int, ranks: int, window: float, settle: float, out: Path,
                "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port",
                str(port), "--nproc-per-node", str(ranks), "--join-timeout", "300",
                "--node-timeout", str(node_timeout),
-               STEPPER, str(marks), f"{seconds:g}", "2"]
+               STEPPER, str(marks), "600", "2"]  # ended by marks/stop or marks/fail
         procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                       stdin=subprocess.DEVNULL, start_new_session=True))
-    world = nodes * ranks
-    while len(list(marks.glob("ready-*"))) < world:
+    while len(list(marks.glob("ready-*"))) < nodes * ranks:
         if any(p.poll() is not None for p in procs) or time.monotonic() - began > 300:
             for p in procs:
                 p.kill()
@@ -124,7 +129,12 @@ def run_one(nodes: int, ranks: int, window: float, settle: float, out: Path,
             raise SystemExit(f"{nodes}x{ranks}: the ranks did not all start\n"
                              + "\n".join(said))
         time.sleep(0.1)
-    join = time.monotonic() - began
+    return procs, marks, port, time.monotonic() - began
+
+
+def run_one(nodes: int, ranks: int, window: float, settle: float, out: Path,
+            node_timeout: float) -> dict[str, Any]:
+    procs, marks, port, join = launch(nodes, ranks, out, node_timeout)
     time.sleep(settle)  # past the join; the curves (metrics history) grow meanwhile
     bytes0, cpu0 = store_bytes(port + 1), [cpu_seconds(p.pid) for p in procs]
     t0 = time.monotonic()
@@ -139,14 +149,52 @@ def run_one(nodes: int, ranks: int, window: float, settle: float, out: Path,
     (marks / "stop").touch()
     codes = [p.wait(timeout=120) for p in procs]
     return {
-        "nodes": nodes, "ranks_per_node": ranks, "world": world, "join_s": round(join, 2),
-        "window_s": round(elapsed, 2), "connections": len(bytes1),
+        "nodes": nodes, "ranks_per_node": ranks, "world": nodes * ranks,
+        "join_s": round(join, 2), "window_s": round(elapsed, 2), "connections": len(bytes1),
         "store_in_Bps": round(received / elapsed), "store_out_Bps": round(sent / elapsed),
         "node0_cpu_pct": round(cpu[0], 1),
         "other_cpu_pct_mean": round(statistics.mean(cpu[1:]), 1) if nodes > 1 else None,
         "rss_mib_mean": round(statistics.mean(rss), 1), "rss_mib_max": round(max(rss), 1),
         "exit_codes": codes, "exit_after_window_s": round(time.monotonic() - window_end, 1),
     }
+
+
+def fail_once(nodes: int, ranks: int, out: Path, node_timeout: float) -> dict[str, Any]:
+    """The last rank (on the last node) exits 2: how long until every other rank got its stop
+    signal (from node 0's envelope, ms resolution, one machine so one clock), and until every
+    supervisor exited; every exit must be 2."""
+    procs, marks, _, _ = launch(nodes, ranks, out, node_timeout)
+    time.sleep(2.0)
+    (marks / "fail").touch()
+    deadline = time.monotonic() + 120
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    exited = time.time()
+    codes = [p.wait(timeout=5) for p in procs]
+    failed_at = float((marks / "failed-at").read_text())
+    envelope = json.loads((marks.parent / "run" / "node-0" / "envelope.json").read_text())
+    delays = []
+    for rank in envelope["ranks"]:
+        stops = [s for s in rank["signals_sent"] if s["purpose"] == "stop"]
+        if rank["rank"] != nodes * ranks - 1 and stops:
+            delays.append(datetime.fromisoformat(stops[0]["at"]).timestamp() - failed_at)
+    missed = nodes * ranks - 1 - len(delays)
+    return {"signalled_max_ms": round(1000 * max(delays), 1) if delays else None,
+            "signalled_median_ms": round(1000 * statistics.median(delays), 1) if delays else None,
+            "not_signalled": missed, "exited_ms": round(1000 * (exited - failed_at), 1),
+            "exit_codes": codes}
+
+
+def failures(nodes: int, ranks: int, runs: int, out: Path, node_timeout: float,
+             ) -> dict[str, Any]:
+    rows = [fail_once(nodes, ranks, out, node_timeout) for _ in range(runs)]
+    worst = [r["signalled_max_ms"] for r in rows if r["signalled_max_ms"] is not None]
+    return {"nodes": nodes, "ranks_per_node": ranks, "runs": runs,
+            "signalled_max_ms_median": round(statistics.median(worst), 1) if worst else None,
+            "signalled_max_ms_max": max(worst) if worst else None,
+            "exited_ms_median": round(statistics.median(r["exited_ms"] for r in rows), 1),
+            "all_exit_2": all(set(r["exit_codes"]) == {2} for r in rows),
+            "not_signalled": sum(r["not_signalled"] for r in rows), "each": rows}
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -169,6 +217,9 @@ def main() -> int:
     parser.add_argument("--nodes", default="2,4,8,16")
     parser.add_argument("--ranks", default="1,8")
     parser.add_argument("--window", type=float, default=10.0)
+    parser.add_argument("--fail-runs", type=int, default=0,
+                        help="then, per N x K, this many runs whose last rank exits 2: "
+                             "failure -> every rank signalled, -> every supervisor exited")
     parser.add_argument("--node-timeout", type=float, default=10.0,
                         help="forgelm-tui's --node-timeout (16 nodes starting on 2 cores "
                              "starve a heartbeat past the default 10 s)")
@@ -183,7 +234,15 @@ def main() -> int:
             row = run_one(nodes, ranks, opts.window, opts.settle, opts.out, opts.node_timeout)
             print(json.dumps(row), flush=True)
             rows.append(row)
-    (opts.out / "scale.json").write_text(json.dumps(rows, indent=1))
+    fails = []
+    if opts.fail_runs:
+        for ranks in (int(k) for k in opts.ranks.split(",")):
+            for nodes in (int(n) for n in opts.nodes.split(",")):
+                found = failures(nodes, ranks, opts.fail_runs, opts.out, opts.node_timeout)
+                print(json.dumps({k: v for k, v in found.items() if k != "each"}), flush=True)
+                fails.append(found)
+    (opts.out / "scale.json").write_text(json.dumps({"steady": rows, "failure": fails},
+                                                    indent=1))
     text = table(rows)
     (opts.out / "scale.md").write_text(text + "\n")
     print(text)

@@ -4,7 +4,8 @@ argv: DIR SECONDS [STEPS_PER_S]. Writes DIR/ready-RANK = "PID PPID" as sleeper.p
 for SECONDS reports a step (of 100,000) and a falling, noisy loss on the channel and prints
 ``step N/T loss X``, STEPS_PER_S (10) times a second, as the demo does: what the TUI's bars,
 pace and curves are fed. Exits 0, after SECONDS or as soon as DIR/stop exists (bench/scale.py
-ends a run when its window is measured).
+ends a run when its window is measured). When DIR/fail exists, the last rank writes its
+``time.time()`` to DIR/failed-at and exits 2 at once (bench/scale.py's failure fan-out).
 """
 
 import math
@@ -25,10 +26,15 @@ os.replace(path + ".tmp", path)
 noise = random.Random(rank)
 start = time.monotonic()
 step = 0
-stop = os.path.join(out, "stop")
+stop, fail = os.path.join(out, "stop"), os.path.join(out, "fail")
+last = rank == int(os.environ.get("WORLD_SIZE", "1")) - 1
 while (elapsed := time.monotonic() - start) < seconds:
     if step % 4 == 0 and os.path.exists(stop):
         break
+    if last and os.path.exists(fail):
+        with open(os.path.join(out, "failed-at"), "w") as handle:
+            handle.write(repr(time.time()))
+        os._exit(2)
     step += 1
     loss = round(0.5 + 2.0 * math.exp(-step / 300) + noise.random() * 0.1, 4)
     report_progress(step, 100_000, {"loss": loss})
