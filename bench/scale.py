@@ -36,7 +36,6 @@ import argparse
 import json
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -46,28 +45,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from multinode import port_pair  # bench/multinode.py: P and P + 1 free (the control store)
+
 ROOT = Path(__file__).resolve().parent.parent
 FTUI = os.environ.get("BENCH_FORGELM_TUI", str(Path(sys.executable).parent / "forgelm-tui"))
 STEPPER = str(ROOT / "bench" / "ranks" / "stepper.py")
 TICK = os.sysconf("SC_CLK_TCK")
 CONN = re.compile(r"(\S+)\s+(\S+)\s*$")
-
-
-def port_pair() -> int:
-    """A port P with P and P + 1 free (rank 0's store, the control store)."""
-    for _ in range(200):
-        with socket.socket() as first:
-            first.bind(("127.0.0.1", 0))
-            port = int(first.getsockname()[1])
-            if port >= 65534:
-                continue
-            with socket.socket() as second:
-                try:
-                    second.bind(("127.0.0.1", port + 1))
-                except OSError:
-                    continue
-                return port
-    raise SystemExit("no free pair of ports")
 
 
 def store_bytes(port: int) -> dict[str, tuple[int, int]]:

@@ -86,19 +86,23 @@ def _rank(rank: int, **fields: Any) -> dict[str, Any]:
             "signals_sent": [], "forgelm_result": None, **fields}
 
 
+def _stalled(**fields: Any) -> dict[str, Any]:
+    """A stalled run's envelope, as the verdict panel reads it."""
+    return {"exit_code": 2, "exit_name": "EXIT_TRAINING_ERROR", "exit_meaning": "runtime error",
+            "ci_action": "investigate logs", "root_cause_rank": None, "disagreements": [],
+            "decided_by": {"rule": 4, "explanation": "stalled: no rank made progress"},
+            "stop": {"kind": "stall"}, **fields}
+
+
 def test_the_verdict_names_where_each_rank_was_stuck() -> None:
-    envelope = {
-        "exit_code": 2, "exit_name": "EXIT_TRAINING_ERROR", "exit_meaning": "runtime error",
-        "ci_action": "investigate logs", "root_cause_rank": None, "disagreements": [],
-        "decided_by": {"rule": 4, "explanation": "stalled: no rank made progress"},
-        "stop": {"kind": "stall"},
-        "ranks": [
+    envelope = _stalled(
+        ranks=[
             _rank(0, stuck_at="/work/pkg/train.py:10 spin",
                   stacks_file="/runs/x/rank-0.stacks.txt", stacks_via="faulthandler"),
             _rank(1, stuck_at=None, stacks_file=None, stacks_via=None,
                   stacks_note="it did not announce the handler; pip install ..."),
         ],
-    }
+    )
     text = _text(envelope)
     assert "stuck at: rank 0 pkg/train.py:10 spin" in text  # in the summary, always shown
     assert "where each rank was stuck" in text
@@ -117,16 +121,12 @@ def test_the_notice_sanitises_what_came_from_a_rank() -> None:
 
 def test_the_verdict_says_the_hang_in_one_sentence() -> None:
     """A stall's hang (engine/hang.py) in the verdict's summary, before where each rank was."""
-    envelope = {
-        "exit_code": 2, "exit_name": "EXIT_TRAINING_ERROR", "exit_meaning": "runtime error",
-        "ci_action": "investigate logs", "root_cause_rank": None, "disagreements": [],
-        "decided_by": {"rule": 4, "explanation": "stalled: no rank made progress"},
-        "stop": {"kind": "stall"},
-        "hang": {"collective": {"pg": "0", "seq": 1043, "op": "all_reduce", "op_from": "stacks"},
-                 "waiting_ranks": [0, 1, 2], "missing_ranks": [3], "mismatch": None,
-                 "other_groups": [], "trace_files": ["/runs/x/rank-3.stacks.txt"]},
-        "ranks": [_rank(r, stuck_at=f"/work/pkg/train.py:{r} step") for r in range(4)],
-    }
+    envelope = _stalled(
+        hang={"collective": {"pg": "0", "seq": 1043, "op": "all_reduce", "op_from": "stacks"},
+              "waiting_ranks": [0, 1, 2], "missing_ranks": [3], "mismatch": None,
+              "other_groups": [], "trace_files": ["/runs/x/rank-3.stacks.txt"]},
+        ranks=[_rank(r, stuck_at=f"/work/pkg/train.py:{r} step") for r in range(4)],
+    )
     text = _text(envelope)
     assert ("hang: rank 3 never entered all_reduce #1043 of process group 0; ranks 0-2 wait in "
             "it") in text
