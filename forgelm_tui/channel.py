@@ -25,7 +25,6 @@ MAX_DATAGRAM = 8192
 # LinuxThreads and some runtimes took those); never a forwarded signal (--forward-signals).
 STACKS_SIGNAL = int(getattr(signal, "SIGRTMIN", 34)) + 3
 STACKS_ENV = "FORGELM_TUI_STACKS_SIGNAL"
-COLLECTIVES_ENV = "FORGELM_TUI_COLLECTIVES"  # "1": send the collective counts (docs/progress.md)
 
 
 class MessageKind(StrEnum):

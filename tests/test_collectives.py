@@ -13,11 +13,12 @@ import pytest
 from conftest import rank_record, rank_script, start
 
 from forgelm_tui import channel
-from forgelm_tui.channel import COLLECTIVES_ENV, Message, MessageKind
+from forgelm_tui.channel import Message, MessageKind
 from forgelm_tui.engine.progress import ProgressReader
 from forgelm_tui.engine.states import ProgressEvidence
 from forgelm_tui.plan.planner import Planner, collective_env
 from forgelm_tui.rank import collectives
+from forgelm_tui.rank.collectives import COLLECTIVES_ENV
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -116,9 +117,15 @@ def test_a_program_without_torch_distributed_gets_no_thread(tmp_path: Path) -> N
     torch.distributed, its argv, __main__ and sys.path[0] as python gives them."""
     script = tmp_path / "probe.py"
     script.write_text("import sys, threading\n"
-                      "print(threading.active_count(), sys.argv, __name__, sys.path[0])\n")
+                      "print(threading.active_count(), sys.argv, __name__, sys.path[0])\n"
+                      "print(sorted(m for m in sys.modules if m.startswith('forgelm_tui')))\n")
     env = {**os.environ, COLLECTIVES_ENV: "1"}
     out = subprocess.run([sys.executable, "-m", "forgelm_tui.rank.observed", str(script), "x"],
                          env=env, capture_output=True, text=True, timeout=30, check=True).stdout
     assert out.split(maxsplit=1)[0] == "1"
     assert f"['{script}', 'x'] __main__ {tmp_path}" in out
+    # and nothing it may never use: every Python rank pays the runner's imports at its start
+    # and exit (the exit -> peer latency, bench/RESULTS.md "Session 14")
+    assert out.splitlines()[1] == str(["forgelm_tui", "forgelm_tui.rank",
+                                       "forgelm_tui.rank.collectives",
+                                       "forgelm_tui.rank.program"])

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from forgelm_tui.channel import COLLECTIVES_ENV
+from forgelm_tui.rank.collectives import COLLECTIVES_ENV
 from forgelm_tui.cluster.config import ClusterConfig, cluster_config
 from forgelm_tui.cluster.kill_wait import (
     GraceChoice,

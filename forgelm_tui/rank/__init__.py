@@ -15,7 +15,22 @@ Adapters: ``forgelm_tui.rank.hf.StopTogetherCallback`` (transformers) and
 is installed. ``forgelm_tui.rank.graceful`` runs a program so that SIGTERM becomes an exception.
 """
 
-from forgelm_tui.rank.channel import CHANNEL_ENV, Channel, heartbeat, report_progress
-from forgelm_tui.rank.stop import StopAgreement
 
-__all__ = ["CHANNEL_ENV", "Channel", "StopAgreement", "heartbeat", "report_progress"]
+from __future__ import annotations
+
+import importlib
+
+# Imported on first use (PEP 562): the runners (rank.observed, rank.graceful) are modules of this
+# package, and a rank's start should not load the channel and the stop agreement it may never use.
+_EXPORTS = {"CHANNEL_ENV": "channel", "Channel": "channel", "heartbeat": "channel",
+            "report_progress": "channel", "StopAgreement": "stop"}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> object:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value

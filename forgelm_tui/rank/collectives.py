@@ -24,29 +24,28 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib.abc
 import importlib.machinery
 import importlib.util
 import os
-import signal
 import sys
-import threading
 import types
 from collections.abc import Callable, Sequence
-from typing import Any
 
-from forgelm_tui.channel import COLLECTIVES_ENV, MessageKind
-
+# What the runner imports at a rank's start is only what ``python -m`` has loaded already:
+# a rank's start is on the exit -> peer path and the no-op overhead (bench/RESULTS.md). The
+# channel, threading and signal are imported once torch.distributed is (``_start``).
+COLLECTIVES_ENV = "FORGELM_TUI_COLLECTIVES"  # "1": send the collective counts (docs/progress.md)
 READ_EVERY_S = 1.0
 MAX_GROUPS = 64  # process groups sent per message (a datagram holds ~8 KB)
 
 Counts = dict[str, int]  # process group name -> collectives entered
 MAX_ERRORS = 10  # reads in a row that failed: the watching stops
+Send = Callable[..., object]
 
 
-def install(send: Callable[..., Any]) -> bool:
+def install(send: Send | None = None) -> bool:
     """Watch once the program imports torch.distributed, when the supervisor asked for it
-    (``FORGELM_TUI_COLLECTIVES``). Until then nothing runs: no thread is started in a program
+    (``FORGELM_TUI_COLLECTIVES``), sending on ``send`` (the rank's default channel when None). Until then nothing runs: no thread is started in a program
     that never uses torch.distributed (a thread alone changes a process: glibc then handles its
     reserved signal 33 itself, which no longer ends it)."""
     if os.environ.get(COLLECTIVES_ENV) != "1":
@@ -59,12 +58,22 @@ def install(send: Callable[..., Any]) -> bool:
     return True
 
 
-def _start(send: Callable[..., Any]) -> None:
-    threading.Thread(target=_watch, args=(send,), name="forgelm-tui-collectives",
+def _start(send: Send | None) -> None:
+    """In the main thread, as torch.distributed's import ends: what the watcher needs is
+    imported here, not by its thread while the program's imports go on."""
+    import threading
+
+    if send is None:
+        from forgelm_tui.rank.channel import default_channel
+        send = default_channel().send
+    from forgelm_tui.channel import MessageKind
+
+    report = functools.partial(send, MessageKind.COLLECTIVES)
+    threading.Thread(target=_watch, args=(report,), name="forgelm-tui-collectives",
                      daemon=True).start()
 
 
-class _AfterImport(importlib.abc.MetaPathFinder):
+class _AfterImport:  # a meta path finder (importlib.abc's base costs 8 ms to import)
     """Calls ``then`` once the module ``name`` has been executed (the first import), then
     leaves ``sys.meta_path``; the import itself is the other finders' and loaders', unchanged."""
 
@@ -96,7 +105,10 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         return spec
 
 
-def _watch(send: Callable[..., Any]) -> None:
+def _watch(report: Send) -> None:
+    import signal
+    import threading
+
     # Signals stay the main thread's: a process-directed signal must reach the program exactly
     # as it would without this thread.
     signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
@@ -114,7 +126,7 @@ def _watch(send: Callable[..., Any]) -> None:
             continue
         last = counts
         with contextlib.suppress(Exception):
-            send(MessageKind.COLLECTIVES, groups=dict(list(counts.items())[:MAX_GROUPS]))
+            report(groups=dict(list(counts.items())[:MAX_GROUPS]))
 
 
 def read_counts() -> Counts | None:

@@ -15,12 +15,11 @@ from __future__ import annotations
 import sys
 
 from forgelm_tui.rank import collectives, program
-from forgelm_tui.rank.channel import default_channel
 
 
 def main(argv: list[str]) -> None:
     program.check_usage(argv, "forgelm_tui.rank.observed")
-    collectives.install(default_channel().send)
+    collectives.install()  # the channel is imported once torch.distributed is
     program.run(argv)
 
 
