@@ -1,7 +1,7 @@
 """The control plane at N nodes: what the store carries, what each supervisor costs (issue 23).
 
     .venv/bin/python bench/scale.py [--nodes 2,4,8,16] [--ranks 1,8] [--window 10] [--settle 30]
-                                    [--out DIR]
+                                    [--fail-runs R] [--fail-after S] [--out DIR]
 
 For each N (supervisors on 127.0.0.1, one machine) and K (ranks a node): N ``forgelm-tui
 --no-tui --nnodes N --node-rank i --master-addr 127.0.0.1 --master-port P --nproc-per-node K``,
@@ -143,12 +143,14 @@ def run_one(nodes: int, ranks: int, window: float, settle: float, out: Path,
     }
 
 
-def fail_once(nodes: int, ranks: int, out: Path, node_timeout: float) -> dict[str, Any]:
-    """The last rank (on the last node) exits 2: how long until every other rank got its stop
+def fail_once(nodes: int, ranks: int, out: Path, node_timeout: float,
+              fail_after: float) -> dict[str, Any]:
+    """The last rank (on the last node) exits 2, ``fail_after`` seconds after every rank
+    started: how long until every other rank got its stop
     signal (from node 0's envelope, ms resolution, one machine so one clock), and until every
     supervisor exited; every exit must be 2."""
     procs, marks, _, _ = launch(nodes, ranks, out, node_timeout)
-    time.sleep(2.0)
+    time.sleep(fail_after)
     (marks / "fail").touch()
     deadline = time.monotonic() + 120
     while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
@@ -170,10 +172,10 @@ def fail_once(nodes: int, ranks: int, out: Path, node_timeout: float) -> dict[st
 
 
 def failures(nodes: int, ranks: int, runs: int, out: Path, node_timeout: float,
-             ) -> dict[str, Any]:
-    rows = [fail_once(nodes, ranks, out, node_timeout) for _ in range(runs)]
+             fail_after: float) -> dict[str, Any]:
+    rows = [fail_once(nodes, ranks, out, node_timeout, fail_after) for _ in range(runs)]
     worst = [r["signalled_max_ms"] for r in rows if r["signalled_max_ms"] is not None]
-    return {"nodes": nodes, "ranks_per_node": ranks, "runs": runs,
+    return {"nodes": nodes, "ranks_per_node": ranks, "runs": runs, "fail_after_s": fail_after,
             "signalled_max_ms_median": round(statistics.median(worst), 1) if worst else None,
             "signalled_max_ms_max": max(worst) if worst else None,
             "exited_ms_median": round(statistics.median(r["exited_ms"] for r in rows), 1),
@@ -204,6 +206,9 @@ def main() -> int:
     parser.add_argument("--fail-runs", type=int, default=0,
                         help="then, per N x K, this many runs whose last rank exits 2: "
                              "failure -> every rank signalled, -> every supervisor exited")
+    parser.add_argument("--fail-after", type=float, default=2.0,
+                        help="seconds between every rank's start and the failure (on 2 cores "
+                             "the supervisors' and ranks' start-up is still under way at 2 s)")
     parser.add_argument("--node-timeout", type=float, default=10.0,
                         help="forgelm-tui's --node-timeout (16 nodes starting on 2 cores "
                              "starve a heartbeat past the default 10 s)")
@@ -222,7 +227,8 @@ def main() -> int:
     if opts.fail_runs:
         for ranks in (int(k) for k in opts.ranks.split(",")):
             for nodes in (int(n) for n in opts.nodes.split(",")):
-                found = failures(nodes, ranks, opts.fail_runs, opts.out, opts.node_timeout)
+                found = failures(nodes, ranks, opts.fail_runs, opts.out, opts.node_timeout,
+                                 opts.fail_after)
                 print(json.dumps({k: v for k, v in found.items() if k != "each"}), flush=True)
                 fails.append(found)
     (opts.out / "scale.json").write_text(json.dumps({"steady": rows, "failure": fails},

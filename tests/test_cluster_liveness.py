@@ -67,6 +67,7 @@ def test_done_nodes_are_never_lost() -> None:
     live.beat(1, beat(1, live=2), now=0.5)
     live.done(1)
     live.beat(2, beat(7, "done"), now=0.5)
+    live.done(2)
     assert live.peers[1].live_ranks == 0
     assert live.check(1e6) == [] and live.lose_all() == []
     assert live.beat(1, beat(2), now=2.0) is False
@@ -130,20 +131,20 @@ def test_progress_age_ignores_joining_and_lost_nodes() -> None:
     assert live.progress_age(6.0) is None
 
 
-def test_beat_reports_a_change_only_for_ranks_or_state() -> None:
+def test_beat_reports_a_change_only_for_state() -> None:
+    """A heartbeat carries no rank details (cluster/views.py): only the node's state is news."""
     live = Liveness([1], timeout=60.0, now=0.0)
-    ranks = [{"rank": 2, "state": "running"}]
-    assert live.beat(1, beat(0, "joining"), now=1.0) is False  # still joining, no ranks
-    assert live.beat(1, beat(1, view={"ranks": ranks}), now=2.0) is True
-    assert live.beat(1, beat(1, view={"ranks": ranks}), now=3.0) is False
-    assert live.beat(1, beat(2, host="h2", progress_age=7.0, live=1,
-                             view={"ranks": ranks}), now=4.0) is False
+    assert live.beat(1, beat(0, "joining"), now=1.0) is False  # still joining
+    assert live.beat(1, beat(1), now=2.0) is True
+    assert live.beat(1, beat(1), now=3.0) is False
+    assert live.beat(1, beat(2, host="h2", progress_age=7.0, live=1), now=4.0) is False
     assert live.peers[1].host == "h2" and live.peers[1].progress_age == 7.0
-    moved = [{"rank": 2, "state": "exited"}]
-    assert live.beat(1, beat(3, view={"ranks": moved}), now=5.0) is True
-    assert live.peers[1].ranks == moved
-    assert live.beat(1, beat(3, "done", view={"ranks": moved}), now=6.0) is True
+    # done only once its final is read: the verdict needs every node's records
+    assert live.beat(1, beat(3, "done"), now=6.0) is False
+    assert live.peers[1].state is NodeState.RUNNING and live.live()
+    live.done(1)
     assert live.beat(1, beat(4, "running"), now=7.0) is False  # done stays done
+    assert live.peers[1].state is NodeState.DONE and not live.live()
 
 
 # ---------------------------------------------------------------------- the global verdict

@@ -24,6 +24,8 @@ from forgelm_tui.cluster.store import (
 
 POLL = 0.05
 CONNECT_TRY = 2.0  # one connection attempt; repeated until the join deadline
+CALL_WAIT = 10.0  # one call once connected: a node 0 starved of CPU answers late, not never
+MEMBERS_WAIT = 0.25  # one wait for the members; abort, cancel and the deadline between waits
 LINGER = 3.0  # node 0, refusing: how long it waits for the others to read why
 
 
@@ -80,6 +82,7 @@ class Joiner:
         cfg = self.config
         torch_distributed()  # importing torch (seconds) overlaps node 0's start
         store = self._open()
+        store.set_timeout(min(CALL_WAIT, self._left()))
         run = self._run_record(store)
         store.scoped(run["run_id"])
         node_rank = cfg.node_rank
@@ -154,22 +157,27 @@ class Joiner:
         return run
 
     def _wait_for_all(self, store: ControlStore) -> tuple[NodeInfo, ...]:
-        names = [f"node/{n}" for n in range(self.config.nnodes)]
+        """Each node counts itself in once registered; the one that completes the count writes
+        the members for all, and every node waits on that one record (the store wakes them):
+        the join costs O(nodes) calls, not a poll of every node's key by every node."""
+        nnodes = self.config.nnodes
+        if store.add("joined", 1) == nnodes:
+            store.set("members", store.many([f"node/{n}" for n in range(nnodes)]))
         while True:
+            members = store.wait_get("members", MEMBERS_WAIT)
+            if members is not None:
+                return tuple(NodeInfo(**v) for v in members)
             if store.has(["abort"]):
                 abort = store.get("abort")
                 self._seen_abort(store)
                 raise JoinRefused(abort["message"], abort.get("stop"))
-            if store.has(names):
-                return tuple(NodeInfo(**v) for v in store.many(names))
             if self.cancelled():
                 raise JoinCancelled()
             if self.clock() >= self.deadline:
-                missing = [n for n in range(self.config.nnodes) if not store.has([f"node/{n}"])]
+                missing = [n for n in range(nnodes) if not store.has([f"node/{n}"])]
                 self._refuse(store, f"node{'s' if len(missing) > 1 else ''} "
                              f"{', '.join(map(str, missing))} never joined within the join "
                              f"timeout of {self.config.join_timeout:g} s")
-            time.sleep(POLL)
 
     # ------------------------------------------------------------------ failing
 

@@ -1,14 +1,17 @@
 """The control plane while a multi-node run lasts (SPEC §8), for one node.
 
 Two threads, each with its own store connection:
-- the *inbox* thread blocks on this node's queue and wakes at once when another node publishes
-  a stop or an escalation (the record travels in the message: no second round trip);
+- the *inbox* thread wakes at once when a stop, an escalation or the verdict is published.
+  Node 0 pops its own queue (``inbox/0``: stops, escalations, other nodes' finals); every other
+  node reads the broadcast (``bcast/<n>``): one write reaches every node, whatever their number;
 - the *ticker* publishes what the loop hands it (this node's heartbeat, a stop record, a kill,
-  the final records) and reads the others' heartbeats, finals and the stop key (a fallback for
-  a missed message).
+  the final records, node 0's summary, rank details while someone views them) and reads what
+  this node needs: node 0 every other node's heartbeat and final; any other node node 0's
+  summary only (cluster/summary.py). Rank details (``view/<i>``) are read only by a node that
+  shows them (its TUI, an attached viewer), at most once a second and only when they changed.
 Everything they learn is posted to the event loop, where all decisions are taken: a remote
 stop becomes the engine's stop command, a silent node a ``node_lost`` stop, remote ranks
-``NodeChanged`` events for every view.
+``NodeChanged`` events for the views.
 """
 
 from __future__ import annotations
@@ -24,55 +27,52 @@ from typing import Any
 
 from forgelm_tui.cluster.join import ClusterConfig, Membership
 from forgelm_tui.cluster.liveness import Liveness
-from forgelm_tui.cluster.store import ControlStore, StoreLost, StoreTimeout
+from forgelm_tui.cluster.store import BroadcastReader, ControlStore, StoreLost, StoreTimeout
+from forgelm_tui.cluster.summary import ClusterView, LinkPeers, NodeBeat, summarise
+from forgelm_tui.cluster.traffic import Poll, Traffic
+from forgelm_tui.cluster.views import ViewReader, ViewWriter
 from forgelm_tui.cluster.wire import stop_from_wire, stop_to_wire
 from forgelm_tui.engine import events as ev
-from forgelm_tui.engine import hang
-from forgelm_tui.engine.codec import DecodeError, from_wire, to_wire
 from forgelm_tui.engine.events import NodeState
 from forgelm_tui.engine.records import StopRecord
 from forgelm_tui.engine.supervisor import Supervisor
 from forgelm_tui.verdict import StopKind
 
-INBOX_WAIT = 1.0  # one blocking pop; the thread checks for shutdown between pops
+INBOX_WAIT = 1.0  # one blocking read; the thread checks for shutdown between reads
 TICK_WAIT = 2.0  # one call of the ticker's connection (a fresh one after a call timed out)
-
-
-class LinkPeers:
-    """The policy's view of other nodes (engine.policy.Peers); nobody before the join."""
-
-    def __init__(self) -> None:
-        self.liveness: Liveness | None = None
-
-    def live(self) -> bool:
-        return self.liveness is not None and self.liveness.live()
-
-    def progress_age(self, now: float) -> float | None:
-        return None if self.liveness is None else self.liveness.progress_age(now)
-
-    def collective_bounds(self) -> hang.Bounds:
-        return {} if self.liveness is None else self.liveness.collective_bounds()
 
 
 class NodeLink:
     def __init__(self, supervisor: Supervisor, membership: Membership, config: ClusterConfig,
-                 store: ControlStore, peers: LinkPeers) -> None:
+                 store: ControlStore, peers: LinkPeers,
+                 viewing: Callable[[], bool] = lambda: False) -> None:
         self.sup = supervisor
         self.me = membership.node_rank
         self.nnodes = membership.nnodes
         self.nproc = {n.node_rank: n.nproc for n in membership.nodes}
         self.config = config
         self.store = store
+        store.set_timeout(TICK_WAIT)  # the join's connection, the ticker's from now on
         self.host = socket.gethostname()
         self.interval = min(0.5, max(0.05, config.node_timeout / 10))
-        self.liveness = Liveness([n for n in range(self.nnodes) if n != self.me],
-                                 config.node_timeout, time.monotonic())
-        peers.liveness = self.liveness
+        others = [n for n in range(self.nnodes) if n != self.me]
+        now = time.monotonic()
+        # node 0 follows every node's heartbeat; the others follow node 0's summary
+        self.liveness = Liveness(others if self.me == 0 else [], config.node_timeout, now)
+        self.cluster = None if self.me == 0 else ClusterView(self.me, config.node_timeout, now)
+        peers.source = self.liveness if self.cluster is None else self.cluster
+        self.viewing = viewing
+        self.views = ViewWriter(self.me, self.host)
+        self.traffic = Traffic(self.me, self.nnodes, viewing)  # ticker thread only
+        self.viewers = 0  # node 0: nodes that show rank details (the store's counter)
         self.finals: dict[int, dict[str, Any]] = {}
         self.store_lost: str | None = None
         self.agreed_stop: dict[str, Any] | None = None
         self.verdict_ready = asyncio.Event()
-        self._commands: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self._commands: queue.Queue[tuple[str, Any]] = queue.Queue()  # the ticker's
+        # stops, escalations, the first failure, the final: a thread and connection of their
+        # own, never queued behind a heartbeat's calls (on a starved machine one took 4.5 s)
+        self._urgent: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._closed = threading.Event()
         self._threads: list[threading.Thread] = []
         self._seq = 0
@@ -80,33 +80,33 @@ class NodeLink:
         self._kill_seen = False
         self._failure_told = False
         self._beat_handle: asyncio.TimerHandle | None = None
-        self._finals_read: set[int] = set()  # ticker thread only
-        self._beating: set[int] = set()  # nodes whose heartbeat key exists (ticker thread)
+        self._next: tuple[NodeBeat, int, dict[str, Any] | None] = (
+            NodeBeat(self.me, NodeState.RUNNING, 0, None, {}), 0, None)
         self.failure_seen: float | None = None  # when this node first knew of a failure stop
 
     # ------------------------------------------------------------------ lifetime
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        inbox = self.store.client(self._store_host, self.config.store_port, INBOX_WAIT)
         self.sup.subscribe(self.on_event)
-        for name, target, args in (("inbox", self._inbox_thread, (inbox,)),
-                                   ("ticker", self._ticker_thread, ())):
-            thread = threading.Thread(target=target, args=args, name=f"forgelm-tui-{name}",
-                                      daemon=True)
+        self._beat()  # the first heartbeat's content, before the ticker's first tick
+        for name, target in (("inbox", self._inbox_thread), ("ticker", self._ticker_thread),
+                             ("publisher", self._publisher_thread)):
+            thread = threading.Thread(target=target, name=f"forgelm-tui-{name}", daemon=True)
             thread.start()
             self._threads.append(thread)
-        self._beat()
 
     def close(self) -> None:
-        """Stop both threads (the inbox one is woken by a message to itself)."""
+        """Stop the threads (node 0's inbox is woken by a message to itself; another node's
+        broadcast reader notices within its wait, a daemon thread nobody waits for)."""
         if self._closed.is_set():
             return
         self._closed.set()
         if self._beat_handle is not None:
             self._beat_handle.cancel()
         self._commands.put(("quit", None))
-        for thread in self._threads:
+        self._urgent.put(("quit", None))
+        for thread in self._threads if self.me == 0 else self._threads[1:]:
             thread.join(timeout=INBOX_WAIT + 1.0)
 
     # ------------------------------------------------------------------ loop side: out
@@ -116,38 +116,63 @@ class NodeLink:
         if isinstance(event, ev.RunStopping) and stop is not None and stop.origin_node == self.me:
             if stop.kind is StopKind.FAILURE and self.failure_seen is None:
                 self.failure_seen = time.monotonic()
-            self._commands.put(("stop", stop_to_wire(stop)))
+            self._urgent.put(("stop", stop_to_wire(stop)))
         elif isinstance(event, ev.RankExited) and not self._failure_told:
             record = self.sup.records.get(event.rank)
             if record is not None and record.ending().failed_on_own:
                 self._failure_told = True  # the first one here; the store keeps the first of all
                 # after this pass of events: the stop record it causes goes out first
-                self.loop.call_soon(self._commands.put,
+                self.loop.call_soon(self._urgent.put,
                                     ("first-failure", {"rank": event.rank, "node": self.me}))
         elif isinstance(event, ev.RunEscalated) and not self._kill_seen:
             self._kill_seen = True
-            self._commands.put(("kill", {"reason": event.reason, "node": self.me}))
+            self._urgent.put(("kill", {"reason": event.reason, "node": self.me}))
 
     def publish_final(self, final: dict[str, Any]) -> None:
         self._phase = NodeState.DONE
-        self._commands.put(("final", final))
+        if self.me != 0:  # node 0 decides with its own records
+            self._urgent.put(("final", final))
         self._beat(reschedule=False)
+        self._commands.put(("tick", None))  # its end at once, not at the next tick
 
     def _beat(self, reschedule: bool = True) -> None:
+        """What the next heartbeat says (the ticker sends it and numbers it: a loop held up
+        for seconds, by a flood of output or a starved CPU, does not make the node silent)."""
         records = list(self.sup.records.values())
-        live = [r for r in records if r.alive]
         now = time.monotonic()
-        ages = [r.progress_age(now) for r in live]
-        view = ev.NodeChanged(self.me, self.host, self._phase,
-                              tuple(r.snapshot() for r in records), time.time())
-        self._seq += 1
-        self._commands.put(("beat", {"seq": self._seq, "phase": self._phase.value,
-                                     "host": self.host, "live": len(live),
-                                     "progress_age": min(ages) if ages else None,
-                                     "collectives": hang.to_wire(hang.bounds(live)),
-                                     "view": to_wire(view)}))
+        own = NodeBeat.of(self.me, self._phase, records, now)
+        if self.views.due(now, self._views_wanted()):
+            view = self.views.view(self._phase, records)
+            if view is not None:
+                self._commands.put(("view", view))
+        summary = None
+        if self.cluster is None:
+            summary = {**summarise(0, own, self.liveness, now, self.viewers,
+                                   stop=self.agreed_stop is not None, kill=self._kill_seen),
+                       "host": self.host}
+        self._next = (own, self.views.seq, summary)  # one reference: the ticker reads it whole
         if reschedule and not self._closed.is_set():
             self._beat_handle = self.loop.call_later(self.interval, self._beat)
+
+    def _tick(self, store: ControlStore) -> None:
+        """The ticker thread: this node's heartbeat (node 0's summary too), then its reads."""
+        own, vseq, summary = self._next
+        self._seq += 1
+        self.traffic.publish(store, "beat", own.wire(self._seq, self.host, vseq))
+        if summary is not None:
+            self.traffic.publish(store, "summary", {**summary, "seq": self._seq})
+        self._poll(store)
+
+    def _poll(self, store: ControlStore) -> None:
+        self._post(self._on_poll, self.traffic.poll(
+            store, time.monotonic(), stop_known=self.agreed_stop is not None,
+            kill_known=self._kill_seen))
+
+    def _views_wanted(self) -> bool:
+        """Someone other than this node shows rank details (a node counts itself while it
+        views; the count is node 0's, a tick or two old)."""
+        viewers = self.viewers if self.cluster is None else self.cluster.viewers
+        return viewers - (1 if self.viewing() else 0) > 0
 
     # ------------------------------------------------------------------ loop side: in
 
@@ -163,6 +188,9 @@ class NodeLink:
         elif kind == "kill":
             self._remote_kill(message["kill"])
         elif kind == "verdict":
+            if self.cluster is not None:
+                self.cluster.open = 0  # every node is done or lost: node 0 decided
+                self.sup.peers_changed()
             self.verdict_ready.set()
 
     def _remote_stop(self, data: dict[str, Any]) -> None:
@@ -179,39 +207,64 @@ class NodeLink:
             self._kill_seen = True
             self.sup.apply_kill(f"{data['reason']} (on node {data['node']})")
 
-    def _on_poll(self, beats: dict[int, dict[str, Any]], finals: dict[int, dict[str, Any]],
-                 stop: dict[str, Any] | None, kill: dict[str, Any] | None) -> None:
+    def _on_poll(self, poll: Poll) -> None:
+        if self.cluster is None:
+            self._on_beats(poll)
+        else:
+            self._on_summary(poll)
+        for node, (state, view) in poll.views.items():
+            self._show(node, state, view)
+
+    def _on_beats(self, poll: Poll) -> None:
+        """Node 0: every other node's heartbeat and the finals it has not read yet."""
         now = time.monotonic()
-        for node, beat in beats.items():
+        self.viewers = poll.viewers
+        for node, beat in poll.beats.items():
             if self.liveness.beat(node, beat, now):
-                self._show(node, beat.get("view"))
-        for node, final in finals.items():
+                self._show(node, self.liveness.peers[node].state)
+        for node, final in poll.finals.items():
             self.finals[node] = final
             self.liveness.done(node)
-            self._show(node, final.get("view"), NodeState.DONE)
-        if stop is not None:
-            self._remote_stop(stop)
-        if kill is not None:
-            self._remote_kill(kill)
+            self._show(node, NodeState.DONE, final.get("view"))
+        self._remote(poll)
         lost = self.liveness.check(now)
         for node in lost:
             self._node_lost(node, f"node {node} lost: no heartbeat for "
                                   f"{self.config.node_timeout:g} s")
-        if finals or lost:
+        if poll.finals or lost:
             self.sup.peers_changed()
 
-    def _show(self, node: int, view: Any, state: NodeState | None = None) -> None:
-        peer = self.liveness.peers[node]
-        ranks: tuple[ev.RankSnapshot, ...] = ()
-        if isinstance(view, dict):
-            with contextlib.suppress(DecodeError):
-                decoded = from_wire(view)
-                if isinstance(decoded, ev.NodeChanged):
-                    ranks = decoded.ranks
-        self.sup.emit(ev.NodeChanged(node, peer.host, state or peer.state, ranks, time.time()))
+    def _on_summary(self, poll: Poll) -> None:
+        """Any node but 0: node 0's summary (None: not written yet)."""
+        cluster, now = self.cluster, time.monotonic()
+        assert cluster is not None
+        was_live = cluster.live()
+        if poll.summary is not None and cluster.read(poll.summary, now):
+            self._show(0, cluster.state)
+        self._remote(poll)
+        if cluster.check(now):
+            self._node_lost(0, f"node 0 lost: no heartbeat for {self.config.node_timeout:g} s")
+        if was_live and not cluster.live():
+            self.sup.peers_changed()
+
+    def _remote(self, poll: Poll) -> None:
+        """A stop or escalation this node missed in its inbox, read in a poll."""
+        if poll.stop is not None:
+            self._remote_stop(poll.stop)
+        if poll.kill is not None:
+            self._remote_kill(poll.kill)
+
+    def _show(self, node: int, state: NodeState, view: Any = None) -> None:
+        host = self.traffic.reader.hosts.get(node, "")
+        if node in self.liveness.peers:
+            host = self.liveness.peers[node].host or host
+        elif node == 0 and self.cluster is not None:
+            host = self.cluster.host or host
+        ranks = ViewReader.ranks(view) if view is not None else ()
+        self.sup.emit(ev.NodeChanged(node, host, state, ranks, time.time()))
 
     def _node_lost(self, node: int, reason: str) -> None:
-        self._show(node, None, NodeState.LOST)
+        self._show(node, NodeState.LOST)
         if self.sup.stop is None:
             self.sup.apply_stop(StopRecord(StopKind.NODE_LOST, reason, f"node {node}", None,
                                            time.time(), 0.0, grace=self.sup.spec.grace,
@@ -223,7 +276,8 @@ class NodeLink:
         it (Liveness.silent_before; SPEC §10)."""
         if self.failure_seen is None:
             return None
-        node = self.liveness.silent_before(self.failure_seen, 2 * self.interval)
+        source = self.liveness if self.cluster is None else self.cluster
+        node = source.silent_before(self.failure_seen, 2 * self.interval)
         if node is None:
             return None
         first = sum(self.nproc.get(n, 0) for n in range(node))
@@ -234,93 +288,103 @@ class NodeLink:
         if self.store_lost is not None or self._closed.is_set():
             return
         self.store_lost = message
+        if self.cluster is not None and self.cluster.lose():
+            self._node_lost(0, f"node 0 lost: the control store is unreachable ({message})")
         for node in self.liveness.lose_all():
-            if node == 0:
-                self._node_lost(0, f"node 0 lost: the control store is unreachable ({message})")
-            else:
-                self._show(node, None, NodeState.LOST)
+            self._show(node, NodeState.LOST)
         self.verdict_ready.set()
         self.sup.peers_changed()
 
     # ------------------------------------------------------------------ threads
 
-    def _inbox_thread(self, inbox: ControlStore) -> None:
+    def _inbox_thread(self) -> None:
+        try:
+            inbox = self._connect(INBOX_WAIT)
+        except (StoreLost, StoreTimeout) as exc:
+            self._post(self._store_gone, str(exc))
+            return
+        broadcasts = BroadcastReader(inbox) if self.me != 0 else None
         while not self._closed.is_set():
             try:
-                message = inbox.pop(f"inbox/{self.me}", INBOX_WAIT)
+                message = (inbox.pop(f"inbox/{self.me}", INBOX_WAIT) if broadcasts is None
+                           else broadcasts.read(INBOX_WAIT))
             except (StoreLost, StoreTimeout) as exc:
                 self._post(self._store_gone, str(exc))
                 return
             if message is None or message.get("kind") == "quit":
                 continue
             if message.get("kind") == "final":
-                self._commands.put(("poll", None))  # the ticker reads it at once
+                self._commands.put(("final-of", message.get("node")))  # read it at once
             else:
                 self._post(self._on_message, message)
 
     def _ticker_thread(self) -> None:
-        """Publish and poll. A store that answers late (node 0 starved of CPU) is not node 0
-        gone: a call that times out is retried on a fresh connection (a late answer would be
-        read as the next call's) until the node timeout passes with none answered; a refused
-        or reset connection is node 0 gone at once."""
-        answered = time.monotonic()
+        """Heartbeats and polls, every interval, and rank details while someone views them.
+        A store that answers late (node 0 starved of CPU) is not node 0 gone: a call that
+        times out is retried on a fresh connection (a late answer would be read as the next
+        call's) until the node timeout passes with none answered; a refused or reset
+        connection is node 0 gone at once."""
+        store = None
+        answered = next_tick = time.monotonic()
         while True:
-            kind, payload = self._commands.get()
             try:
-                if kind == "quit":
-                    with contextlib.suppress(StoreLost, StoreTimeout):
-                        self.store.push(f"inbox/{self.me}", {"kind": "quit"})
-                    return
-                self._publish(kind, payload)
-                if kind in ("beat", "poll"):
-                    self._poll()
+                kind, payload = self._commands.get(timeout=max(0.0, next_tick - time.monotonic()))
+            except queue.Empty:
+                kind, payload = "tick", None
+            if kind == "quit":
+                return
+            if kind == "tick":
+                next_tick = time.monotonic() + self.interval
+            try:
+                store = store or self._connect(TICK_WAIT)
+                if kind == "tick":
+                    self._tick(store)
+                elif kind == "final-of":
+                    self.traffic.finals_due.add(payload)
+                    self._poll(store)
+                else:
+                    self.traffic.publish(store, kind, payload)
                 answered = time.monotonic()
             except StoreLost as exc:
                 return self._post(self._store_gone, str(exc))
             except StoreTimeout as exc:
                 if time.monotonic() - answered >= self.config.node_timeout:
                     return self._post(self._store_gone, str(exc))
-                if kind not in ("beat", "poll"):
-                    self._commands.put((kind, payload))  # a stop, a kill, the final: again
-                self._reconnect()
+                store = None  # a fresh connection for the next call
 
-    def _reconnect(self) -> None:
-        with contextlib.suppress(StoreLost, StoreTimeout):
-            self.store = self.store.client(self._store_host, self.config.store_port, TICK_WAIT)
+    def _publisher_thread(self) -> None:
+        """Stops, escalations, the first failure and the final, in order, each until written
+        (the same rule for a late store as the ticker's), on the join's connection."""
+        store, answered = self.store, time.monotonic()
+        while True:
+            kind, payload = self._urgent.get()
+            while True:
+                try:
+                    if kind == "quit":
+                        if self.me == 0:  # wake node 0's inbox thread
+                            with contextlib.suppress(StoreLost, StoreTimeout):
+                                store.push("inbox/0", {"kind": "quit"})
+                        return
+                    self.traffic.publish(store, kind, payload)
+                    answered = time.monotonic()
+                    break
+                except StoreLost as exc:
+                    return self._post(self._store_gone, str(exc))
+                except StoreTimeout as exc:
+                    if time.monotonic() - answered >= self.config.node_timeout:
+                        return self._post(self._store_gone, str(exc))
+                    with contextlib.suppress(StoreLost, StoreTimeout):
+                        store = self._connect(TICK_WAIT)
+
+    def _connect(self, call_wait: float) -> ControlStore:
+        """Another connection: making it may take seconds on a loaded node 0 (up to the node
+        timeout); its calls then wait ``call_wait``."""
+        store = self.store.client(self._store_host, self.config.store_port,
+                                  self.config.node_timeout)
+        store.set_timeout(call_wait)
+        return store
 
     @property
     def _store_host(self) -> str:
         """Where this node reaches the control store (node 0 hosts it)."""
         return "127.0.0.1" if self.me == 0 else self.config.store_host
-
-    def _publish(self, kind: str, payload: Any) -> None:
-        store = self.store
-        if kind == "beat":
-            store.set(f"beat/{self.me}", payload)
-        elif kind == "final":
-            store.set(f"final/{self.me}", payload)
-            for node in range(self.nnodes):  # read now, not at the next heartbeat
-                if node != self.me:
-                    store.push(f"inbox/{node}", {"kind": "final", "node": self.me})
-        elif kind == "first-failure":
-            store.first(kind, payload)
-        elif kind in ("stop", "kill") and store.first(kind, payload) == payload:
-            for node in range(self.nnodes):  # the first writer tells everyone now
-                if node != self.me:
-                    store.push(f"inbox/{node}", {"kind": kind, kind: payload})
-
-    def _poll(self) -> None:
-        store = self.store
-        peers = [n for n in range(self.nnodes) if n != self.me]
-        for node in peers:  # a node's first beat may come after this node's first poll
-            if node not in self._beating and store.has([f"beat/{node}"]):
-                self._beating.add(node)
-        beating = sorted(self._beating)
-        beats = dict(zip(beating, store.many([f"beat/{n}" for n in beating]),
-                         strict=True)) if beating else {}
-        finals = {n: store.get(f"final/{n}") for n in peers
-                  if n not in self._finals_read and store.has([f"final/{n}"])}
-        self._finals_read.update(finals)
-        stop = store.get("stop") if store.has(["stop"]) else None
-        kill = store.get("kill") if store.has(["kill"]) else None
-        self._post(self._on_poll, beats, finals, stop, kill)

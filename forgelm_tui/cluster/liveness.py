@@ -21,7 +21,6 @@ class PeerView:
     seq: int = -1
     seen_mono: float = 0.0  # when seq last changed (this node's clock)
     state: NodeState = NodeState.JOINING
-    ranks: list[dict[str, Any]] = field(default_factory=list)  # its RankSnapshots, as wire
     progress_age: float | None = None  # youngest progress among its live ranks, as reported
     live_ranks: int = 0
     collectives: hang.Bounds = field(default_factory=dict)  # its ranks' lowest, highest counts
@@ -33,7 +32,7 @@ class Liveness:
         self.peers = {n: PeerView(n, seen_mono=now) for n in peers}
 
     def beat(self, node: int, beat: dict[str, Any], now: float) -> bool:
-        """A heartbeat read from the store; True when something a view shows changed."""
+        """A heartbeat read from the store; True when the node's state changed."""
         peer = self.peers[node]
         if peer.state in (NodeState.LOST, NodeState.DONE):
             return False
@@ -43,11 +42,10 @@ class Liveness:
             peer.progress_age = beat.get("progress_age")
             peer.live_ranks = int(beat.get("live", 0))
             peer.collectives = hang.from_wire(beat.get("collectives"))
-            ranks = (beat.get("view") or {}).get("ranks", [])
-            changed = ranks != peer.ranks
-            peer.ranks = ranks
             peer.host = beat.get("host", peer.host)
         state = NodeState(beat.get("phase", "joining"))
+        if state is NodeState.DONE:  # done once its final is read (done()), never before:
+            state = NodeState.RUNNING  # the verdict needs every node's records
         if state is not peer.state:
             peer.state, changed = state, True
         return changed

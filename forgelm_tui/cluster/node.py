@@ -14,8 +14,9 @@ from typing import Any, Protocol
 
 from forgelm_tui.cluster import agreement
 from forgelm_tui.cluster.join import JoinCancelled, Joiner, JoinRefused, Membership
-from forgelm_tui.cluster.link import LinkPeers, NodeLink
+from forgelm_tui.cluster.link import NodeLink
 from forgelm_tui.cluster.store import ControlStore, StoreLost, StoreTimeout
+from forgelm_tui.cluster.summary import LinkPeers
 from forgelm_tui.cluster.wire import ending_to_wire, stop_from_wire, stop_to_wire
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.codec import DecodeError, decode, encode, to_wire
@@ -88,7 +89,9 @@ class NodeRun:
             return
         self.membership = membership
         assert joiner.store is not None
-        self.link = NodeLink(self.sup, membership, self.config, joiner.store, self.peers)
+        hooks = self.session.hooks
+        self.link = NodeLink(self.sup, membership, self.config, joiner.store, self.peers,
+                             viewing=lambda: hooks.viewing())
         self.link.start(loop)
 
     def _settle(self, membership: Membership) -> str | None:
@@ -167,7 +170,7 @@ class NodeRun:
             stop=None if stop is None else agreement.agreed_stop(self.sup.stop, stop),
             agreement=Agreement(True, 0, tuple(lost), self.membership_nnodes()))
         waiting = [n for n in range(1, self.membership_nnodes()) if n not in lost]
-        await loop.run_in_executor(None, _publish_verdict, store, outcome, waiting)
+        await loop.run_in_executor(None, _publish_verdict, store, outcome, len(waiting))
         return self._write(outcome)
 
     async def _await_verdict(self) -> RunEnding:
@@ -226,12 +229,11 @@ def _first(store: ControlStore, key: str) -> dict[str, Any] | None:
         return None
 
 
-def _publish_verdict(store: ControlStore, outcome: RunOutcome, waiting: list[int]) -> None:
+def _publish_verdict(store: ControlStore, outcome: RunOutcome, waiting: int) -> None:
     store.set("verdict", {"outcome": encode(outcome)})
-    for node in waiting:
-        store.push(f"inbox/{node}", {"kind": "verdict"})
+    store.broadcast({"kind": "verdict"})
     deadline = time.monotonic() + ACK_WAIT
-    while store.add("acks", 0) < len(waiting) and time.monotonic() < deadline:
+    while store.add("acks", 0) < waiting and time.monotonic() < deadline:
         time.sleep(0.02)  # node 0 exits last: its store must outlive the others' reads
 
 

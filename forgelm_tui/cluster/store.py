@@ -72,9 +72,10 @@ def _first_line(exc: BaseException) -> str:
 class ControlStore:
     """One connection to the control store, with JSON values under the run's prefix."""
 
-    def __init__(self, raw: Any, prefix: str = ROOT) -> None:
+    def __init__(self, raw: Any, prefix: str = ROOT, timeout: float = 0.0) -> None:
         self._raw = raw
         self.prefix = prefix
+        self.timeout = timeout  # one call's, in seconds
 
     # ------------------------------------------------------------------ making one
 
@@ -91,7 +92,7 @@ class ControlStore:
                     from None
             raise StoreLost(f"cannot listen on control port {port}: {_first_line(exc)}") \
                 from None
-        return cls(raw)
+        return cls(raw, timeout=timeout)
 
     @classmethod
     def connect(cls, host: str, port: int, timeout: float) -> ControlStore:
@@ -99,7 +100,7 @@ class ControlStore:
         with _translated(f"cannot reach the control store at {host}:{port}"):
             raw = torch_distributed().TCPStore(host, port, None, False, timedelta(seconds=timeout),
                                    wait_for_workers=False)
-        return cls(raw)
+        return cls(raw, timeout=timeout)
 
     def client(self, host: str, port: int, timeout: float) -> ControlStore:
         """Another connection to the same store, under the same prefix."""
@@ -157,8 +158,51 @@ class ControlStore:
         except StoreTimeout:
             return None
 
+    def wait_get(self, name: str, timeout: float) -> Any | None:
+        """The value of ``name`` once it is set, or None when it was not within ``timeout``
+        (the store wakes every waiter of a key with one write)."""
+        before = self.timeout
+        self.set_timeout(timeout)
+        try:
+            return self.get(name)
+        except StoreTimeout:
+            return None
+        finally:
+            self.set_timeout(before)
+
+    def broadcast(self, value: Any) -> None:
+        """A message every node's :class:`BroadcastReader` gets: two calls, whatever the
+        number of nodes (a numbered key each node waits on; the store wakes them all)."""
+        self.set(f"bcast/{self.add('bcast/n', 1)}", value)
+
     def set_timeout(self, seconds: float) -> None:
+        self.timeout = seconds
         self._raw.set_timeout(timedelta(seconds=seconds))
 
     def close(self) -> None:
         self._raw = None
+
+
+class BroadcastReader:
+    """Reads the broadcasts in order, each once, on its own connection (it blocks)."""
+
+    SKIP_AFTER = 3  # waits in a row on a number the counter has passed: its writer died
+
+    def __init__(self, store: ControlStore) -> None:
+        self.store = store
+        self.next = 1
+        self._passed = 0
+
+    def read(self, timeout: float) -> Any | None:
+        """The next broadcast, or None when none came within ``timeout``."""
+        value = self.store.wait_get(f"bcast/{self.next}", timeout)
+        if value is not None:
+            self.next += 1
+            self._passed = 0
+            return value
+        # A writer that died between taking its number and writing must not stop the reading.
+        if self.store.add("bcast/n", 0) > self.next:
+            self._passed += 1
+            if self._passed >= self.SKIP_AFTER:
+                self.next, self._passed = self.next + 1, 0
+        return None

@@ -19,3 +19,6 @@ class Hooks:
     local_done: Callable[[], None] = lambda: None
     # A view that knows the terminal may name what a SIGHUP stood for (a closed terminal).
     hangup_origin: Callable[[], tuple[CancelSource, str] | None] = lambda: None
+    # Multi-node: whether a view here shows other nodes' ranks (the TUI, an attached viewer):
+    # only then do they send their details (cluster/views.py).
+    viewing: Callable[[], bool] = lambda: False

@@ -11,7 +11,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from forgelm_tui.rank.collectives import COLLECTIVES_ENV
 from forgelm_tui.cluster.config import ClusterConfig, cluster_config
 from forgelm_tui.cluster.kill_wait import (
     GraceChoice,
@@ -35,6 +34,7 @@ from forgelm_tui.plan.options import (
     split_argv,
 )
 from forgelm_tui.private_files import make_private_dir
+from forgelm_tui.rank.collectives import COLLECTIVES_ENV
 from forgelm_tui.verdict import Contract
 
 

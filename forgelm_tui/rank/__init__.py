@@ -20,11 +20,16 @@ from __future__ import annotations
 
 import importlib
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (mypy reads the name)
+if TYPE_CHECKING:
+    from forgelm_tui.rank.channel import CHANNEL_ENV, Channel, heartbeat, report_progress
+    from forgelm_tui.rank.stop import StopAgreement
+
 # Imported on first use (PEP 562): the runners (rank.observed, rank.graceful) are modules of this
 # package, and a rank's start should not load the channel and the stop agreement it may never use.
 _EXPORTS = {"CHANNEL_ENV": "channel", "Channel": "channel", "heartbeat": "channel",
             "report_progress": "channel", "StopAgreement": "stop"}
-__all__ = sorted(_EXPORTS)
+__all__ = ["CHANNEL_ENV", "Channel", "StopAgreement", "heartbeat", "report_progress"]
 
 
 def __getattr__(name: str) -> object:

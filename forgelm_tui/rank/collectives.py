@@ -45,7 +45,8 @@ Send = Callable[..., object]
 
 def install(send: Send | None = None) -> bool:
     """Watch once the program imports torch.distributed, when the supervisor asked for it
-    (``FORGELM_TUI_COLLECTIVES``), sending on ``send`` (the rank's default channel when None). Until then nothing runs: no thread is started in a program
+    (``FORGELM_TUI_COLLECTIVES``), sending on ``send`` (the rank's default channel when
+    None). Until then nothing runs: no thread is started in a program
     that never uses torch.distributed (a thread alone changes a process: glibc then handles its
     reserved signal 33 itself, which no longer ends it)."""
     if os.environ.get(COLLECTIVES_ENV) != "1":

@@ -9,7 +9,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -54,7 +54,7 @@ class Session:
         self.node: NodeRun | None = None
         peers = None
         if plan.cluster is not None:  # multi-node: torch's TCPStore, imported only then
-            from forgelm_tui.cluster.link import LinkPeers
+            from forgelm_tui.cluster.summary import LinkPeers
 
             peers = LinkPeers()
         self.hooks = Hooks()  # the node's join and publish, the view's hang-up: every attempt's
@@ -147,9 +147,18 @@ class Session:
         return bool(cancels) and cancels[0].source is CancelSource.SIGNAL
 
     async def run(self) -> RunEnding:
-        async with serving(self, lambda: self.plan.spec.run_dir, self._node_rank):
+        async with self.serving():
             await self.run_attempts()
             return await self.finish()
+
+    @contextlib.asynccontextmanager
+    async def serving(self) -> AsyncIterator[None]:
+        """Attach (SPEC §9) while the block runs; this node views other nodes' ranks while
+        its view is the TUI or a viewer is attached (cluster/views.py)."""
+        async with serving(self, lambda: self.plan.spec.run_dir, self._node_rank) as server:
+            tui = self.plan.view == "tui"
+            self.hooks.viewing = lambda: tui or bool(server.viewers)
+            yield
 
     async def run_attempts(self) -> None:
         """Every attempt (one unless --max-restarts), under the supervisor's own signal handlers
@@ -195,8 +204,7 @@ class Session:
 
 
 async def _run_then_ignore_signals(session: Session) -> RunEnding:
-    async with serving(session, lambda: session.plan.spec.run_dir,  # attach (SPEC §9)
-                       session._node_rank):
+    async with session.serving():
         try:
             await session.run_attempts()
         finally:

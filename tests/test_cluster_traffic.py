@@ -1,0 +1,297 @@
+"""The control plane's traffic rules (issue 23; docs/multinode.md, "What it costs"), in
+process: a fake store that counts what each call carries, an injected clock. The real store's
+bytes at N nodes are bench/scale.py's; 8 real supervisors: test_multinode.py."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from conftest import FakeClock, rank_record
+
+from forgelm_tui.cluster.liveness import Liveness
+from forgelm_tui.cluster.store import BroadcastReader, ControlStore
+from forgelm_tui.cluster.summary import ClusterView, NodeBeat, summarise
+from forgelm_tui.cluster.traffic import Traffic
+from forgelm_tui.cluster.views import ViewReader, ViewWriter
+from forgelm_tui.engine.events import NodeState
+from forgelm_tui.engine.records import RankRecord
+
+pytestmark = pytest.mark.timeout(30)
+
+RUNNING, DONE = NodeState.RUNNING, NodeState.DONE
+
+
+class FakeStore(ControlStore):
+    """A dict with ControlStore's calls; what each call read and wrote, by key, in bytes."""
+
+    def __init__(self) -> None:
+        super().__init__(raw=None)
+        self.data: dict[str, str] = {}
+        self.queues: dict[str, list[str]] = {}
+        self.reads: list[tuple[str, int]] = []  # (key, value bytes) per key read
+        self.writes: list[tuple[str, int]] = []
+        self.calls = 0
+
+    def _read(self, name: str) -> Any:
+        self.calls += 1
+        text = self.data[name]
+        self.reads.append((name, len(text)))
+        return json.loads(text)
+
+    def set(self, name: str, value: Any) -> None:
+        self.calls += 1
+        self.data[name] = json.dumps(value)
+        self.writes.append((name, len(self.data[name])))
+
+    def get(self, name: str) -> Any:
+        return self._read(name)
+
+    def wait_get(self, name: str, timeout: float) -> Any | None:
+        return self._read(name) if name in self.data else None
+
+    def first(self, name: str, value: Any) -> Any:
+        if name not in self.data:
+            self.set(name, value)
+        return self._read(name)
+
+    def has(self, names: Sequence[str]) -> bool:
+        self.calls += 1
+        self.reads.extend((n, 0) for n in names)
+        return all(n in self.data for n in names)
+
+    def many(self, names: Sequence[str]) -> list[Any]:
+        self.calls -= len(names) - 1  # one call
+        return [self._read(n) for n in names]
+
+    def add(self, name: str, amount: int) -> int:
+        self.calls += 1
+        value = int(self.data.get(name, "0")) + amount
+        self.data[name] = str(value)
+        return value
+
+    def push(self, queue: str, value: Any) -> None:
+        self.calls += 1
+        self.queues.setdefault(queue, []).append(json.dumps(value))
+        self.writes.append((queue, len(self.queues[queue][-1])))
+
+    def keys_read(self) -> set[str]:
+        return {key.split("/")[0] for key, _ in self.reads}
+
+    def forget(self) -> None:
+        self.reads, self.writes, self.calls = [], [], 0
+
+
+def records(count: int, metrics: int = 0, points: int = 0) -> list[RankRecord]:
+    """``count`` live ranks, each with ``metrics`` metrics and a curve of ``points`` points."""
+    found = []
+    for rank in range(count):
+        record = rank_record(rank, pid=1000 + rank, started_mono=0.0, step=points)
+        record.last_progress_mono = 90.0
+        record.collectives = {"0": 7 + rank % 2}
+        for step in range(points):
+            record.history.add(step, {f"metric_{m}": 1.0 / (step + 1) for m in range(metrics)})
+        record.metrics = {f"metric_{m}": 0.5 for m in range(metrics)}
+        found.append(record)
+    return found
+
+
+def beat(node: int, seq: int = 1, phase: NodeState = RUNNING, vseq: int = 0,
+         live: int = 2, age: float | None = 1.0) -> dict[str, Any]:
+    return NodeBeat(node, phase, live, age, {"0": (7, 8)}).wire(seq, f"host-{node}", vseq)
+
+
+def cluster_store(nnodes: int, views: bool = False) -> FakeStore:
+    """A store in a running cluster: every node's beat, node 0's summary, views if any."""
+    store = FakeStore()
+    for node in range(nnodes):
+        store.set(f"beat/{node}", beat(node, vseq=1 if views else 0))
+        if views:
+            store.set(f"view/{node}", {"type": "NodeChanged", "ranks": []})
+    liveness = Liveness(list(range(1, nnodes)), 10.0, 0.0)
+    store.set("summary", summarise(1, NodeBeat(0, RUNNING, 1, 1.0, {}), liveness, 1.0, 0,
+                                   stop=False, kill=False))
+    store.forget()
+    return store
+
+
+# ---------------------------------------------------------------------- what a node reads
+
+
+@pytest.mark.parametrize("nnodes", [2, 16, 128])
+def test_a_headless_node_reads_only_node_0s_summary(nnodes: int) -> None:
+    store = cluster_store(nnodes, views=True)
+    traffic = Traffic(nnodes - 1, nnodes, viewing=lambda: False)
+    for tick in range(4):
+        poll = traffic.poll(store, now=100.0 + tick, stop_known=False, kill_known=False)
+        assert poll.summary is not None and poll.beats == {} and poll.views == {}
+    assert store.keys_read() == {"summary"}
+    # one check before it first exists, then one read a tick: the same at 2 or 128 nodes
+    assert store.calls == 5
+    traffic.publish(store, "beat", beat(nnodes - 1))
+    assert [key for key, _ in store.writes] == [f"beat/{nnodes - 1}"]
+
+
+def test_node_0_reads_every_beat_and_no_rank_details_while_nobody_views() -> None:
+    store = cluster_store(8, views=True)
+    traffic = Traffic(0, 8, viewing=lambda: False)
+    poll = traffic.poll(store, now=100.0, stop_known=False, kill_known=False)
+    assert sorted(poll.beats) == list(range(1, 8)) and poll.viewers == 0
+    assert store.keys_read() == {"beat", "stop", "kill"}  # never view/ nor final/
+    store.forget()
+    traffic.poll(store, now=100.5, stop_known=True, kill_known=True)
+    assert store.keys_read() == {"beat"} and store.calls == 2  # one multi-get, the viewers
+
+
+def test_a_beat_is_the_same_size_whatever_the_ranks_and_their_metrics() -> None:
+    sizes = {}
+    for ranks, metrics, points in [(1, 0, 0), (8, 1, 10), (64, 12, 200)]:
+        own = NodeBeat.of(3, RUNNING, records(ranks, metrics, points), now=100.0)
+        sizes[ranks] = len(json.dumps(own.wire(123, "gpu-node-003", 45)))
+    assert max(sizes.values()) - min(sizes.values()) <= 4, sizes  # digits of the live count
+    assert max(sizes.values()) < 200
+
+
+def test_node_0s_summary_is_the_same_size_at_2_and_128_nodes() -> None:
+    sizes = []
+    for nnodes in (2, 128):
+        liveness = Liveness(list(range(1, nnodes)), 10.0, 0.0)
+        for node in range(1, nnodes):
+            liveness.beat(node, beat(node, age=float(node)), now=1.0)
+        own = NodeBeat(0, RUNNING, 8, 0.5, {"0": (7, 8)})
+        summary = summarise(9, own, liveness, 2.0, viewers=1, stop=False, kill=False)
+        sizes.append(len(json.dumps(summary)))
+    assert abs(sizes[0] - sizes[1]) <= 8, sizes
+
+
+@pytest.mark.parametrize("nnodes", [2, 128])
+def test_a_stop_reaches_every_node_in_the_same_few_calls_whatever_the_nodes(nnodes: int) -> None:
+    store = cluster_store(nnodes)
+    stop = {"kind": "failure", "origin_node": nnodes - 1}
+    Traffic(nnodes - 1, nnodes, viewing=lambda: False).publish(store, "stop", stop)
+    # first writer wins, a numbered broadcast key, node 0's queue: 5 calls
+    assert store.calls == 5
+    readers = [BroadcastReader(store) for _ in range(3)]
+    assert all(r.read(0.1) == {"kind": "stop", "stop": stop} for r in readers)
+    assert all(r.read(0.1) is None for r in readers)
+    assert store.queues["inbox/0"] == [json.dumps({"kind": "stop", "stop": stop})]
+
+
+def test_a_second_stop_is_not_broadcast() -> None:
+    store = cluster_store(4)
+    Traffic(1, 4, viewing=lambda: False).publish(store, "stop", {"kind": "cancel"})
+    Traffic(2, 4, viewing=lambda: False).publish(store, "stop", {"kind": "failure"})
+    assert store.data["bcast/n"] == "1" and json.loads(store.data["stop"]) == {"kind": "cancel"}
+
+
+def test_broadcasts_are_read_in_order_and_a_dead_writers_number_is_skipped() -> None:
+    store = FakeStore()
+    reader = BroadcastReader(store)
+    assert reader.read(0.1) is None  # nothing yet
+    store.broadcast({"kind": "stop"})
+    store.add("bcast/n", 1)  # a writer took number 2 and died before writing it
+    store.broadcast({"kind": "verdict"})
+    assert reader.read(0.1) == {"kind": "stop"}
+    got = [reader.read(0.1) for _ in range(BroadcastReader.SKIP_AFTER + 1)]
+    assert got == [None] * BroadcastReader.SKIP_AFTER + [{"kind": "verdict"}]
+
+
+# ---------------------------------------------------------------------- views
+
+
+def test_a_viewing_node_registers_and_reads_changed_views_at_most_once_a_second() -> None:
+    store = cluster_store(4, views=True)
+    traffic = Traffic(2, 4, viewing=lambda: True)
+    poll = traffic.poll(store, now=100.0, stop_known=True, kill_known=True)
+    assert store.data["viewers"] == "1"  # counted once, in node 0's next summary
+    assert sorted(poll.views) == [0, 1, 3]
+    store.forget()
+    assert traffic.poll(store, now=100.5, stop_known=True, kill_known=True).views == {}
+    assert store.keys_read() == {"summary"}  # not due: no beat read either
+    store.set("beat/1", beat(1, seq=2, vseq=2))  # node 1's ranks changed
+    poll = traffic.poll(store, now=101.0, stop_known=True, kill_known=True)
+    assert list(poll.views) == [1] and poll.views[1][0] is RUNNING
+    assert [key for key, _ in store.reads if key.startswith("view/")] == ["view/1"]
+
+
+def test_a_node_that_stops_viewing_is_uncounted() -> None:
+    store, viewing = cluster_store(3), [True]
+    traffic = Traffic(1, 3, viewing=lambda: viewing[0])
+    traffic.poll(store, now=100.0, stop_known=True, kill_known=True)
+    viewing[0] = False
+    traffic.poll(store, now=101.0, stop_known=True, kill_known=True)
+    assert store.data["viewers"] == "0"
+
+
+def test_a_view_is_written_when_wanted_due_and_changed() -> None:
+    writer, ranks = ViewWriter(1, "h1"), records(2, metrics=1, points=3)
+    assert not writer.due(100.0, wanted=False)
+    assert writer.due(100.0, wanted=True) and writer.view(RUNNING, ranks) is not None
+    assert not writer.due(100.5, wanted=True)  # at most once a second
+    assert writer.due(101.0, wanted=True) and writer.view(RUNNING, ranks) is None  # unchanged
+    ranks[0].step = 4
+    view = writer.view(RUNNING, ranks)
+    assert view is not None and writer.seq == 2
+    assert [s.step for s in ViewReader.ranks(view)] == [4, 3]
+
+
+# ---------------------------------------------------------------------- the summary
+
+
+def test_another_node_is_open_unless_the_only_open_one_is_this_one() -> None:
+    view = ClusterView(me=2, timeout=10.0, seen_mono=0.0)
+    for summary, live in [({"seq": 1, "open": 3}, True), ({"seq": 2, "open": 1, "open_one": 2},
+                          False), ({"seq": 3, "open": 1, "open_one": 0}, True),
+                          ({"seq": 4, "open": 0}, False)]:
+        view.read({"phase": "running", **summary}, now=1.0)
+        assert view.live() is live, summary
+
+
+def test_the_youngest_progress_is_another_nodes_aged_since_the_summary_was_read() -> None:
+    clock = FakeClock()
+    liveness = Liveness([1, 2, 3], 10.0, clock())
+    for node, age in [(1, 4.0), (2, 1.0), (3, 9.0)]:
+        liveness.beat(node, beat(node, age=age), clock())
+    clock.advance(2.0)  # node 0 summarises 2 s after it read the beats
+    summary = summarise(1, NodeBeat(0, RUNNING, 1, 6.0, {}), liveness, clock(), 0, False, False)
+    assert summary["ages"] == [[3.0, 2], [6.0, 0]]  # the two youngest, aged 2 s
+    on_2, on_1 = ClusterView(2, 10.0, clock()), ClusterView(1, 10.0, clock())
+    on_2.read(summary, clock())
+    on_1.read(summary, clock())
+    clock.advance(1.5)
+    assert on_2.progress_age(clock()) == 7.5  # not its own 3.0: node 0's 6.0, read 1.5 s ago
+    assert on_1.progress_age(clock()) == 4.5
+
+
+def test_the_summary_merges_every_nodes_collective_bounds() -> None:
+    liveness = Liveness([1, 2], 10.0, 0.0)
+    liveness.beat(1, NodeBeat(1, RUNNING, 1, 1.0, {"0": (5, 5)}).wire(1, "h", 0), now=0.5)
+    liveness.beat(2, NodeBeat(2, RUNNING, 1, 1.0, {"0": (6, 6), "1": (2, 3)}).wire(1, "h", 0),
+                  now=0.5)
+    summary = summarise(1, NodeBeat(0, RUNNING, 1, 1.0, {"0": (6, 6)}), liveness, 1.0, 0,
+                        False, False)
+    view = ClusterView(1, 10.0, 0.0)
+    view.read(summary, 1.0)
+    assert view.collective_bounds() == {"0": (5, 6), "1": (2, 3)}
+
+
+def test_node_0_is_lost_when_its_summary_stands_still_for_the_node_timeout() -> None:
+    view = ClusterView(me=1, timeout=10.0, seen_mono=0.0)
+    view.read({"seq": 1, "phase": "running", "open": 2}, now=1.0)
+    view.read({"seq": 1, "phase": "running", "open": 2}, now=10.5)  # the same one again
+    assert not view.check(10.99) and view.live()
+    assert view.check(11.0) and not view.check(12.0)  # once
+    assert view.state is NodeState.LOST and not view.live() and view.progress_age(12.0) is None
+    assert view.silent_before(failure_at=11.5, slack=1.0) == 0
+    assert view.read({"seq": 2, "phase": "running", "open": 2}, now=13.0) is False  # stays lost
+
+
+def test_node_0_done_is_still_read() -> None:
+    """Node 0's ranks may end first: its summary goes on until the verdict."""
+    view = ClusterView(me=1, timeout=10.0, seen_mono=0.0)
+    assert view.read({"seq": 1, "phase": "done", "open": 2}, now=1.0) is True
+    assert view.read({"seq": 2, "phase": "done", "open": 1, "open_one": 1,
+                      "ages": [[0.5, 3]]}, now=2.0) is False
+    assert not view.live() and view.progress_age(2.0) == 0.5
