@@ -319,6 +319,51 @@ def state_hung(run: ScriptedRun, clock: FakeClock, envelope_dir: Path | None = N
     return _outcome(run, records, stop, [], {}, envelope_dir)
 
 
+NODES, PER_NODE = 16, 8
+
+
+def _remote(rank: int, step: int, state: RankState, clock: FakeClock,
+            sent: tuple[SignalSent, ...] = (), code: int | None = None) -> ev.RankSnapshot:
+    """Another node's rank as its node's view says (cluster/views.py)."""
+    ended = clock() if code is not None else None
+    return ev.RankSnapshot(
+        rank, rank % PER_NODE, rank // PER_NODE, 52000 + rank, state, T0, ended, code, None,
+        sent, f"step {step}/1200", clock() - 1, step, 1200, {"loss": round(1.9 - step / 2000, 4)},
+        ProgressSource.CHANNEL, {"cpu": 98.0, "rss": 2_147_483_648.0, "children": 2.0})
+
+
+def state_nodes(run: ScriptedRun, clock: FakeClock) -> None:
+    """16 nodes x 8 ranks, seen from node 0: rank 77 (node 9) failed on its own at step 610,
+    and the stop reached every other rank; node 13 is a step behind the rest."""
+    run.emit(ev.RunStarted(run.run_id, run.world_size, ("python",), "/runs/x", T0,
+                           node_rank=0, nnodes=NODES))
+    for rank in range(PER_NODE):
+        run.emit(ev.RankStarted(rank, rank, 41000 + rank, T0))
+        _state(run, rank, RankState.RUNNING)
+    clock.advance(300)
+    for step in (600, 605, 610):
+        for rank in range(PER_NODE):
+            run.emit(ev.RankProgressed(rank, step, 1200, {"loss": round(1.9 - step / 2000, 4)},
+                                       ProgressSource.CHANNEL))
+            run.emit(ev.RankOutput.of(rank, Stream.STDOUT, (f"step {step}/1200",)))
+        for node in range(1, NODES):
+            ranks = range(node * PER_NODE, (node + 1) * PER_NODE)
+            run.emit(ev.NodeChanged(node, f"gpu{node:03d}", ev.NodeState.RUNNING, tuple(
+                _remote(r, step - (5 if node == 13 else 0), RankState.RUNNING, clock)
+                for r in ranks), clock()))
+        clock.advance(5)
+    reason = "rank 77 failed (exit 2)"
+    sent = (SignalSent(signal.SIGTERM, clock(), reason, Purpose.STOP),)
+    for node in range(1, NODES):
+        ranks = range(node * PER_NODE, (node + 1) * PER_NODE)
+        run.emit(ev.NodeChanged(node, f"gpu{node:03d}", ev.NodeState.RUNNING, tuple(
+            _remote(r, 605 if node == 13 else 610, RankState.FAILED, clock, code=2) if r == 77
+            else _remote(r, 605 if node == 13 else 610, RankState.STOPPING, clock, sent)
+            for r in ranks), clock()))
+    _stop(run, clock, tuple(range(PER_NODE)), StopKind.FAILURE, reason, "failure")
+    clock.advance(3)
+
+
 STATES: dict[str, tuple[int, Callable[..., Any]]] = {
     "running": (8, state_running),
     "cancelling": (8, state_cancelling),
@@ -327,6 +372,7 @@ STATES: dict[str, tuple[int, Callable[..., Any]]] = {
     "crashed": (4, state_crashed),
     "training": (4, state_training),
     "hung": (4, state_hung),
+    "nodes": (NODES * PER_NODE, state_nodes),
 }
 ENDED = ("failed", "approval", "crashed", "hung")  # states that finish the run
 

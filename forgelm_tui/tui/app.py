@@ -67,7 +67,7 @@ class SupervisorApp(StacksActions):
                 tooltip="the same as c"),
         Binding("k", "kill", "Kill now", tooltip="kill every live rank now (SIGKILL)"),
         Binding("enter", "toggle_rank_log", "Rank log",
-                tooltip="show the selected rank's log / back to all ranks"),
+                tooltip="the selected rank's log / all ranks; a node's row: open, close"),
         Binding("a", "all_logs", "All logs", tooltip="show every rank's log, merged"),
         Binding("f", "follow", "Follow",
                 tooltip="follow the log on / off (scrolling up pauses it, End resumes it)"),
@@ -290,18 +290,22 @@ class SupervisorApp(StacksActions):
         self._update_log_title()
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
-        pane = self.query_one(LogPane)
-        if pane.rank is not None and event.row_key.value is not None:
-            self._show_log(int(event.row_key.value))
+        pane, key = self.query_one(LogPane), event.row_key.value
+        if pane.rank is not None and key is not None and key.isdigit():  # not a node's row
+            self._show_log(int(key))
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         """Enter (or a click on the selected row) switches between this rank and all ranks."""
         self.action_toggle_rank_log()
 
     def action_toggle_rank_log(self) -> None:
-        pane = self.query_one(LogPane)
-        rank = self.query_one(RankTable).selected_rank()
-        self._show_log(None if pane.rank is not None else rank)
+        """On a rank's row: its log or every rank's; on a node's row: open or close it."""
+        pane, table = self.query_one(LogPane), self.query_one(RankTable)
+        node = table.selected_node()
+        if node is not None:
+            table.toggle_node(node)
+            return
+        self._show_log(None if pane.rank is not None else table.selected_rank())
 
     def action_all_logs(self) -> None:
         self._show_log(None)

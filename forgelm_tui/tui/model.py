@@ -128,6 +128,7 @@ class RunModel:
         self.notices: deque[str] = deque(maxlen=50)
         self.node_rank, self.nnodes, self.gpu = 0, 1, GpuView()  # gpu: tui/gpu_view.py
         self.nodes: dict[int, ev.NodeState] = {}  # other nodes of a multi-node run
+        self.stalled: set[int] = set()  # ranks the stall rule named (shown when grouped)
         self.changed = True
 
     @property
@@ -186,6 +187,7 @@ class RunModel:
             case ev.StopCountdown(seconds_left=left, live_ranks=live):
                 self.stop_deadline, self.live_ranks = self.clock() + left, live
             case ev.RunStalled(seconds=seconds, ranks=ranks):
+                self.stalled.update(ranks)
                 self.notices.append(f"stalled: no progress from rank(s) {ranks} for {seconds:g} s")
             case ev.SignalForwarded(signal=sig, ranks=ranks):
                 self.notices.append(f"{signal_name(sig)} forwarded to {len(ranks)} rank(s)")
@@ -229,8 +231,11 @@ class RunModel:
             self.notices.append(f"node {node.node_rank} lost: its supervisor went silent")
         self.nodes[node.node_rank] = node.state
         for snap in node.ranks:
-            row = _row(snap)
+            row, old = _row(snap), self.ranks.get(snap.rank)
             row.node_rank = node.node_rank
+            if old is not None:  # its steps as this view saw them come: its step rate and wait
+                row.history.marks = old.history.marks
+            row.history.add(snap.step, {}, self.clock())
             self.ranks[snap.rank] = row
 
     def node_text(self, row: RankRow) -> str:

@@ -22,7 +22,10 @@ from rich.text import Text
 from textual.widgets import DataTable
 
 from forgelm_tui.engine.events import ProgressEvidence
+from forgelm_tui.tui import node_groups as groups
 from forgelm_tui.tui.model import RankRow, RunModel
+from forgelm_tui.tui.node_groups import NodeView
+from forgelm_tui.tui.units import human_bytes, human_seconds
 from forgelm_tui.tui.widgets.gpu_cells import GPU_COLUMNS, gpu_cells
 from forgelm_tui.tui.widgets.progress_bar import BAR_CELLS, bar_cell, fit_bar
 
@@ -116,11 +119,35 @@ class Column:
     widest: int = 1 << 16
     fit: Callable[[str, int], str] = _clip
     only: str | None = None  # "nodes": multi-node runs only; "gpu": once a GPU sample came
+    group: Callable[[NodeView], Cell] | None = None  # a node's row (grouped); None: blank
 
 
 def _node_cell(view: RowView) -> Cell:
     text = view.model.node_text(view.row)
     return (text, "red" if text.endswith("lost") else "")
+
+
+def _node_lost(view: NodeView) -> Cell:
+    """A node's own row names it already: its node cell says only whether it is lost."""
+    lost = view.model.node_text(view.rows[0]).endswith("lost")
+    return ("lost", "red") if lost else ("", "")
+
+
+def _node_ranks(view: NodeView) -> Cell:
+    """``▸ node 9``: closed (its ranks hidden), ``▾``: open."""
+    return (f"{'▾' if view.opened else '▸'} node {view.node}", "bold")
+
+
+def _node_gpu(key: str) -> Callable[[NodeView], Cell]:
+    def cell(view: NodeView) -> Cell:
+        return groups.gpu_cells(view, view.model.gpu, lambda rank: gpu_cells(
+            view.model.gpu, rank, True)["gpu_mem"])[key]
+    return cell
+
+
+def _node_bar(view: NodeView) -> Cell:
+    slowest = view.slowest()
+    return bar_cell(slowest, "") if slowest is not None else ("", "")
 
 
 def _gpu_cell(key: str) -> Callable[[RowView], Cell]:
@@ -138,25 +165,31 @@ def _gauge(key: str, text: Callable[[float], str]) -> Callable[[RowView], Cell]:
 
 # In the table's order; how they give way when it is too narrow: GIVE_WAY.
 COLUMNS = (
-    Column("rank", "rank", 4, lambda v: (str(v.row.rank), "bold")),
-    Column("node", "node", 4, _node_cell, only="nodes"),
+    Column("rank", "rank", 4, lambda v: (str(v.row.rank), "bold"), group=_node_ranks),
+    Column("node", "node", 4, _node_cell, only="nodes", group=_node_lost),
     Column("local", "local", 5, lambda v: (str(v.row.local_rank), "")),
     Column("pid", "pid", 7, lambda v: (str(v.row.pid or "-"), "")),  # 4194304: the largest
-    Column("state", "state", 8, lambda v: (v.row.state.value, v.style)),
+    Column("state", "state", 8, lambda v: (v.row.state.value, v.style),
+           group=lambda n: groups.state_cell(n, STATE_STYLES)),  # "6 run 2 fail"
     Column("cpu", "CPU %", 5, _gauge("cpu", lambda x: f"{x:5.1f}")),
     Column("rss", "RSS", 10, _gauge("rss", lambda x: human_bytes(int(x)) if x else "-")),
     *(Column(key, label, width, _gpu_cell(key), only="gpu",  # gpu_cells.py
-             widest=24 if key == "gpu_mem" else 1 << 16) for key, label, width in GPU_COLUMNS),
+             widest=24 if key == "gpu_mem" else 1 << 16, group=_node_gpu(key))
+      for key, label, width in GPU_COLUMNS),
     Column("children", "kids", 4, _gauge("children", lambda x: str(int(x)))),
     Column("uptime", "uptime", 6, lambda v: (human_seconds(v.model.uptime(v.row)), "")),
-    Column("age", "out age", 7, lambda v: (human_seconds(v.model.output_age(v.row)), "")),
+    Column("age", "out age", 7, lambda v: (human_seconds(v.model.output_age(v.row)), ""),
+           group=lambda n: (human_seconds(n.output_age()), "")),
     # step/total as a bar, left of its numbers (progress_bar.py)
-    Column("bar", "", BAR_CELLS, lambda v: bar_cell(v.row, v.style), fit=fit_bar),
+    Column("bar", "", BAR_CELLS, lambda v: bar_cell(v.row, v.style), fit=fit_bar,
+           group=_node_bar),
     Column("progress", "progress", 16, lambda v: progress_cell(v.row), widest=24,
-           fit=_clip_progress),  # "step/total loss x"
-    Column("exit", "exit", 9, lambda v: (v.row.exit_text(), v.style)),  # "0 SUCCESS"
+           fit=_clip_progress, group=lambda n: (groups.progress_text(n), "")),
+    Column("exit", "exit", 9, lambda v: (v.row.exit_text(), v.style),  # "0 SUCCESS"
+           group=groups.exit_cell),
     Column("signal", "signal", 6,
-           lambda v: (v.row.signal_text(), "red" if v.row.signal else "magenta"), widest=32),
+           lambda v: (v.row.signal_text(), "red" if v.row.signal else "magenta"), widest=32,
+           group=groups.signal_cell),
     Column("last", "last line", LAST_LINE_CHARS,
            lambda v: (v.row.last_line[: LAST_LINE_CHARS * 2], ""), widest=LAST_LINE_CHARS),
 )
@@ -196,74 +229,93 @@ def fit_columns(wanted: dict[str, int], width: int, core: int) -> dict[str, int]
     return widths
 
 
-def human_bytes(value: int) -> str:
-    size = float(value)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size:.1f} GiB"
-
-
-def human_seconds(value: float | None) -> str:
-    if value is None:
-        return "-"
-    whole = int(value)
-    if whole < 60:
-        return f"{whole}s"
-    if whole < 3600:
-        return f"{whole // 60}m{whole % 60:02d}s"
-    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
-
-
 class RankTable(DataTable[Text]):
-    """Rank rows keyed by rank; cells compared with what is shown before any update."""
+    """Rows keyed by rank (``"12"``), or by node when grouped (``"n3"``, tui/node_groups.py);
+    cells compared with what is shown before any update."""
 
     def __init__(self, **kwargs: object) -> None:
         super().__init__(cursor_type="row", zebra_stripes=False, **kwargs)  # type: ignore[arg-type]
-        self._cells: dict[int, dict[str, Cell]] = {}  # every cell in full, for a rebuild
-        self._shown: dict[tuple[int, str], Cell] = {}  # as shown: clipped to its column
+        self._cells: dict[str, dict[str, Cell]] = {}  # every row's cells in full, in order
+        self._shown: dict[tuple[str, str], Cell] = {}  # as shown: clipped to its column
         self._wanted = {column.key: column.width for column in COLUMNS}
         self._core = 0
+        self._model: RunModel | None = None
         self.multi_node = False  # the node column shows only then
         self.gpu_shown = False  # the GPU columns show only then
+        self.grouped = False  # a row per node (more ranks than the screen has rows)
+        self.opened: set[int] = set()  # nodes whose ranks show (grouped)
         self.shown_widths: dict[str, int] = {}  # the columns shown and their widths
 
     def cells(self, model: RunModel, row: RankRow) -> dict[str, Cell]:
         """Each cell as (plain text, style): cheap to compare, made into Text only if changed."""
         view = RowView(model, row)
-        return {column.key: column.cell(view) for column in COLUMNS}
+        cells = {column.key: column.cell(view) for column in COLUMNS}
+        if self.grouped:  # under its node's row
+            cells["rank"] = ("  " + cells["rank"][0], cells["rank"][1])
+        return cells
+
+    def node_cells(self, view: NodeView) -> dict[str, Cell]:
+        return {column.key: column.group(view) if column.group else ("", "")
+                for column in COLUMNS}
+
+    def rows_of(self, model: RunModel) -> dict[str, dict[str, Cell]]:
+        """Every row shown, in order: ranks, or nodes and the ranks shown under them."""
+        if not self.grouped:
+            return {str(rank): self.cells(model, model.ranks[rank]) for rank in sorted(model.ranks)}
+        rows: dict[str, dict[str, Cell]] = {}
+        for view, ranks in groups.group_rows(model, self.opened):
+            rows[f"n{view.node}"] = self.node_cells(view)
+            rows.update((str(row.rank), self.cells(model, row)) for row in ranks)
+        return rows
 
     def refresh_from(self, model: RunModel) -> None:
         """Update only the cells whose text or style changed; lay out again only when needed.
 
         Every update_cell invalidates the table's render cache, but the repaint happens once
-        per refresh whatever the number of changed cells.
+        per refresh whatever the number of changed cells. Rows in a new order (a node opened,
+        a rank that now needs reading) rebuild the table once.
         """
+        self._model = model
         self.multi_node = model.nnodes > 1
         self.gpu_shown = model.gpu.seen
-        for rank in sorted(model.ranks):
-            cells = self.cells(model, model.ranks[rank])
-            self._cells[rank] = cells
+        self.grouped = groups.grouped(model, self.screen.size.height if self.is_attached else 0)
+        before = list(self._cells)
+        self._cells = self.rows_of(model)
+        for cells in self._cells.values():
             self._want(cells)
         layout = self._fit()
-        if layout != self.shown_widths:
+        order = list(self._cells)
+        if layout != self.shown_widths or order[:len(before)] != before:
             self._rebuild(layout)
             return
-        for rank, cells in self._cells.items():
-            if str(rank) not in self.rows:
-                self._add_row(rank, cells)
+        for key, cells in self._cells.items():
+            if key not in self.rows:
+                self._add_row(key, cells)
                 continue
-            for key, cell in self._clipped(cells).items():
-                if self._shown.get((rank, key)) != cell:
-                    self._shown[(rank, key)] = cell
-                    self.update_cell(str(rank), key, _text(cell))
+            for column, cell in self._clipped(cells).items():
+                if self._shown.get((key, column)) != cell:
+                    self._shown[(key, column)] = cell
+                    self.update_cell(key, column, _text(cell))
 
-    def selected_rank(self) -> int | None:
+    def _selected(self) -> str | None:
         if not self.row_count:
             return None
-        key = self.coordinate_to_cell_key(self.cursor_coordinate).row_key
-        return int(key.value) if key.value is not None else None
+        return self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value
+
+    def selected_rank(self) -> int | None:
+        key = self._selected()
+        return int(key) if key is not None and key.isdigit() else None
+
+    def selected_node(self) -> int | None:
+        """The node whose row the cursor is on (grouped), else None."""
+        key = self._selected()
+        return int(key[1:]) if key is not None and key.startswith("n") else None
+
+    def toggle_node(self, node: int) -> None:
+        """Open a node's row to its ranks, or close it."""
+        self.opened ^= {node}
+        if self._model is not None:
+            self.refresh_from(self._model)
 
     # ------------------------------------------------------------------ layout
 
@@ -275,6 +327,10 @@ class RankTable(DataTable[Text]):
         self.call_later(self._relayout)
 
     def _relayout(self) -> None:
+        if self._model is not None and self.grouped != groups.grouped(
+                self._model, self.screen.size.height):
+            self.refresh_from(self._model)  # the screen grew past the ranks, or shrank
+            return
         layout = self._fit()
         if layout != self.shown_widths:
             self._rebuild(layout)
@@ -298,24 +354,28 @@ class RankTable(DataTable[Text]):
         return {key: (BY_KEY[key].fit(plain, widths[key]), style)
                 for key, (plain, style) in cells.items() if key in widths}
 
-    def _add_row(self, rank: int, cells: dict[str, Cell]) -> None:
+    def _add_row(self, key: str, cells: dict[str, Cell]) -> None:
         shown = self._clipped(cells)
-        self.add_row(*(_text(cell) for cell in shown.values()), key=str(rank))
-        self._shown.update(((rank, key), cell) for key, cell in shown.items())
+        self.add_row(*(_text(cell) for cell in shown.values()), key=key)
+        self._shown.update(((key, column), cell) for column, cell in shown.items())
 
     def _rebuild(self, layout: dict[str, int]) -> None:
-        """Columns and rows anew, the cursor on the same row; no highlight message (the
-        selection did not change: the log pane keeps its rank)."""
+        """Columns and rows anew, the cursor on the same row (by key: a node opening moves
+        the rows under it); no highlight message (the selection did not change: the log pane
+        keeps its rank)."""
         self.shown_widths = layout
-        row = self.cursor_row
+        selected, row = self._selected(), self.cursor_row
         with self.prevent(DataTable.RowHighlighted, DataTable.CellHighlighted):
             self.clear(columns=True)
             self._shown.clear()
+            self.set_class(self.grouped, "-grouped")
             for column in COLUMNS:
                 if column.key in layout:
                     self.add_column(Text(_clip(column.label, layout[column.key])),
                                     width=layout[column.key], key=column.key)
-            for rank, cells in sorted(self._cells.items()):
-                self._add_row(rank, cells)
+            for key, cells in self._cells.items():
+                self._add_row(key, cells)
+            if selected in self._cells:
+                row = list(self._cells).index(selected)
             if 0 < row < self.row_count:
                 self.move_cursor(row=row, animate=False)

@@ -18,7 +18,7 @@ from forgelm_tui.engine.events import GpuDevice
 from forgelm_tui.tui.attempt import attempt_label
 from forgelm_tui.tui.model import RunModel
 from forgelm_tui.tui.progress_view import rate_text, run_pace
-from forgelm_tui.tui.widgets.rank_table import human_seconds
+from forgelm_tui.tui.units import human_seconds
 from forgelm_tui.wording.gpu import devices_line
 
 GAPS = {"·": ("  ·  ", " · "), "  ": ("  ", " "), " ": (" ", " ")}  # (wide, narrow)
