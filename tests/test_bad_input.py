@@ -68,6 +68,10 @@ def _cases(tmp: Path, port: int) -> dict[str, tuple[list[str], str]]:
         "bad signal": (["--forward-signals", "SIGNOPE", script], "unknown signal"),
         "reserved signal": (["--forward-signals", "SIG32", script], "unknown signal 'SIG32'"),
         "stop signal forwarded": (["--forward-signals", "hup", script], "SIGHUP stops the run"),
+        "ranks filter not ranks": (["--local-ranks-filter", "0,one", script],
+                                   "--local-ranks-filter must be local ranks separated by commas"),
+        "ranks filter beyond node": (["--nproc-per-node", "2", "--local-ranks-filter", "0,3",
+                                      script], "each node runs local ranks 0-1, not 3"),
     }
 
 
@@ -78,7 +82,8 @@ NAMES = [
     "nproc negative", "nproc not a number", "port in use", "bad grace", "nothing to run",
     "multi node without node 0", "multi node without address", "elastic range",
     "node rank outside", "bad endpoint", "bad backend", "node timeout zero", "bad signal",
-    "reserved signal", "stop signal forwarded",
+    "reserved signal", "stop signal forwarded", "ranks filter not ranks",
+    "ranks filter beyond node",
 ]
 
 

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import make_plan, rank_script, run_cli, start, wait_for
@@ -186,3 +187,72 @@ def test_a_ranks_last_words_come_before_its_exit_whatever_the_loop(tmp_path: Pat
     assert stops and stops[0] > seen.index(order[exited])
     log = (session.plan.spec.run_dir / "rank-1.stdout.log").read_bytes()
     assert log.endswith(b"no newline at the very end") and log.count(b"\n") == 2000
+
+
+def _headless_text(events: list[Any], output_ranks: frozenset[int] | None = None) -> str:
+    import os
+
+    from forgelm_tui.headless.view import HeadlessView, OutputSink
+
+    read_fd, write_fd = os.pipe()
+    sink = OutputSink(write_fd)
+    view = HeadlessView(sink, output_ranks)
+    for event in events:
+        view(event)
+    sink.close()
+    os.close(write_fd)
+    with os.fdopen(read_fd) as handle:
+        return handle.read()
+
+
+def _node_of(world: int, per_node: int, node: int) -> list[Any]:
+    """Node ``node`` of a run: its ranks start, print a line each, rank 1 of it fails."""
+    from forgelm_tui.engine import events as ev
+    from forgelm_tui.engine.events import Stream
+
+    first = node * per_node
+    events: list[Any] = [ev.RunStarted("r", world, ("x",), "/runs/x", 0.0, node,
+                                       world // per_node)]
+    for local in range(per_node):
+        events.append(ev.RankStarted(first + local, local, 100 + local, 0.0))
+    for local in range(per_node):
+        events.append(ev.RankOutput.of(first + local, Stream.STDOUT, (f"hello {local}",)))
+    events.append(ev.RankExited(first + 1, 2, None, False, 1.0))
+    return events
+
+
+@pytest.mark.parametrize(("world", "output_ranks", "printed"), [
+    (16, None, {0, 1, 2, 3}),  # a small run: every rank's output
+    (64, None, {0, 1, 2, 3}),  # at the threshold still
+    (68, None, {0}),  # beyond it: local rank 0's on each node
+    (68, frozenset({1, 3}), {1, 3}),  # the filter chosen wins
+    (16, frozenset({2}), {2}),
+], ids=["small", "at-threshold", "beyond", "beyond-filtered", "filtered"])
+def test_headless_output_lines_of_the_filtered_local_ranks_state_lines_of_every_rank(
+        world: int, output_ranks: frozenset[int] | None, printed: set[int]) -> None:
+    """--local-ranks-filter (torchrun's, applied to output only) and the threshold rule."""
+    per_node, node = 4, 2
+    text = _headless_text(_node_of(world, per_node, node), output_ranks)
+    first = per_node * node
+    for local in range(per_node):
+        assert f"rank {first + local} started (pid {100 + local})" in text
+        assert (f"[rank {first + local}] hello {local}" in text) is (local in printed), text
+    assert f"rank {first + 1} exited with 2" in text  # its failure, filtered or not
+    told = "only on each node" in text
+    assert told is (printed != {0, 1, 2, 3}), text
+
+
+@pytest.mark.timeout(60)
+def test_local_ranks_filter_on_a_real_run(tmp_path: Path) -> None:
+    run = run_cli(["--nproc-per-node", "3", "--local-ranks-filter", "0,2",
+                   rank_script("exit_with.py"), "0"], tmp_path)
+    out, _ = run.output()
+    assert run.proc.returncode == 0, out
+    for rank in (0, 2):
+        assert f"[rank {rank}] rank {rank} of 3 says hello" in out
+        assert f"[rank {rank}] rank {rank} exiting with 0" in out
+    assert "[rank 1]" not in out
+    assert "rank 1 started" in out and "rank 1 exited with 0" in out  # its state lines print
+    assert "output lines of local rank(s) 0,2 only on each node (--local-ranks-filter)" in out
+    log = (run.run_dir / "rank-1.stdout.log").read_text()
+    assert "rank 1 of 3 says hello" in log and "rank 1 exiting with 0" in log

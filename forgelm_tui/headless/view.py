@@ -25,6 +25,11 @@ from forgelm_tui.wording.gpu import GpuStatus, summary_cells
 PREFIX = "[forgelm-tui]"
 MAX_BUFFER_BYTES = 64 * 1024 * 1024
 COUNTDOWN_EVERY = 5  # print the grace countdown every five seconds, and each of the last three
+# Beyond this many ranks in the run, and with no --local-ranks-filter, each node prints the
+# output of its local rank 0 only: 1,024 ranks' lines interleaved in one job log are read by
+# nobody. Every rank's state lines (started, signalled, exited, quiet, stalled) still print,
+# and every line is in the rank logs.
+ALL_OUTPUT_UP_TO = 64
 
 
 class OutputSink:
@@ -104,10 +109,13 @@ class OutputSink:
 
 
 class HeadlessView:
-    """Turns engine events into plain lines."""
+    """Turns engine events into plain lines; ``output_ranks``: the local ranks whose output
+    lines print (--local-ranks-filter; None: all, up to ALL_OUTPUT_UP_TO ranks in the run)."""
 
-    def __init__(self, sink: OutputSink) -> None:
+    def __init__(self, sink: OutputSink, output_ranks: frozenset[int] | None = None) -> None:
         self._sink = sink
+        self._output_ranks = output_ranks
+        self._hidden: set[int] = set()  # ranks whose output lines do not print
         self._output_age: dict[int, float] = {}
         self._last_countdown: int | None = None
         self._nodes: dict[int, ev.NodeState] = {}
@@ -121,12 +129,17 @@ class HeadlessView:
 
     def __call__(self, event: ev.Event) -> None:
         match event:
+            case ev.RankOutput(rank=rank) if rank in self._hidden:
+                pass
             case ev.RankOutput(rank=rank, lines=lines):
                 prefix = f"[rank {rank}] "
                 self._sink.write("".join(prefix + line + "\n" for line in lines), len(lines))
             case ev.RunStarted(run_id=run_id, world_size=world, run_dir=run_dir):
                 self.note(f"run {run_id}: {world} rank(s); logs in {run_dir}")
-            case ev.RankStarted(rank=rank, pid=pid):
+                self._filter(world)
+            case ev.RankStarted(rank=rank, local_rank=local, pid=pid):
+                if self._output_ranks is not None and local not in self._output_ranks:
+                    self._hidden.add(rank)
                 self.note(f"rank {rank} started (pid {pid})")
             case ev.RankExited(rank=rank, exit_code=code, signal=sig):
                 self.note(f"rank {rank} {_ending(code, sig)}")
@@ -178,6 +191,19 @@ class HeadlessView:
                 self.note(log_not_kept_text(event))
             case _:
                 pass
+
+    def _filter(self, world: int) -> None:
+        """Say whose output prints, when not every rank's does."""
+        if self._output_ranks is None and world > ALL_OUTPUT_UP_TO:
+            self._output_ranks = frozenset({0})
+            why = f"{world} ranks (more than {ALL_OUTPUT_UP_TO})"
+        elif self._output_ranks is not None:
+            why = "--local-ranks-filter"
+        else:
+            return
+        ranks = ",".join(map(str, sorted(self._output_ranks)))
+        self.note(f"output lines of local rank(s) {ranks} only on each node ({why}); every "
+                  "rank's state lines print, and its log file has every line")
 
     def _gpu_line(self, event: ev.GpuSampled) -> None:
         line = self._gpu.line(event)

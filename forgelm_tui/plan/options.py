@@ -108,10 +108,14 @@ def _add_launch_options(parser: argparse.ArgumentParser) -> None:
                     metavar="N", help="restart every rank up to N times after a crash, an "
                     "outside signal or a stall (never 1, 3-6, a cancel); one node (default 0)")
     for spelling in ("rdzv-conf", "log-dir",
-                     "start-method", "role", "monitor-interval", "local-ranks-filter",
+                     "start-method", "role", "monitor-interval",
                      "local-addr", "logs-specs"):
         tr.add_argument(f"--{spelling}", f"--{spelling.replace('-', '_')}",
                         dest=f"ignored_{spelling.replace('-', '_')}", help=argparse.SUPPRESS)
+    tr.add_argument("--local-ranks-filter", "--local_ranks_filter", dest="local_ranks_filter",
+                    default=None, metavar="L",
+                    help="--no-tui: print the output of these local ranks only (0,1); every "
+                         "rank's state lines still print, the rank logs keep every line")
     tr.add_argument("-r", "--redirects", dest="ignored_redirects", help=argparse.SUPPRESS)
     tr.add_argument("-t", "--tee", dest="ignored_tee", help=argparse.SUPPRESS)
 
@@ -228,6 +232,23 @@ def _add_restart_backoff(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--restart-backoff", type=float, default=1.0, metavar="S",
                        help="wait before the first restart, doubled each time, at most 30 s "
                             "(default 1)")
+
+
+def parse_local_ranks(text: str | None, nproc: int) -> frozenset[int] | None:
+    """--local-ranks-filter ``0,1``: local ranks of this node, as torchrun spells them."""
+    if text is None:
+        return None
+    what = "--local-ranks-filter"
+    try:
+        ranks = frozenset(int(part) for part in text.split(","))
+    except ValueError:
+        raise UsageError(f"{what} must be local ranks separated by commas (0,1), "
+                         f"got {text!r}") from None
+    beyond = sorted(r for r in ranks if not 0 <= r < nproc)
+    if beyond:
+        raise UsageError(f"{what} {text}: each node runs local ranks 0-{nproc - 1}, not "
+                         f"{', '.join(map(str, beyond))}")
+    return ranks
 
 
 def parse_restarts(text: str) -> int:

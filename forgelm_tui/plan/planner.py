@@ -29,6 +29,7 @@ from forgelm_tui.plan.options import (
     build_parser,
     check_port,
     parse_count,
+    parse_local_ranks,
     parse_restarts,
     parse_signals,
     split_argv,
@@ -79,6 +80,7 @@ class Plan:
     cluster: ClusterConfig | None = None  # multi-node (SPEC §8); None on one node
     cluster_root: Path | None = None  # --run-dir of a multi-node run: node-<i> goes inside
     warnings: list[str] = field(default_factory=list)  # one line each, printed before launch
+    output_ranks: frozenset[int] | None = None  # --local-ranks-filter (headless/view.py)
 
 
 class Planner:
@@ -157,6 +159,7 @@ class Planner:
             cluster=cluster,
             cluster_root=ns.run_dir.absolute() if cluster and ns.run_dir else None,
             warnings=[grace.warning] if grace.warning else [],
+            output_ranks=parse_local_ranks(ns.local_ranks_filter, nproc),
         )
 
     def _grace(self, ns: argparse.Namespace) -> GraceChoice:

@@ -218,7 +218,7 @@ def execute(plan: Plan) -> int:
     take_senders(plan.spec.forward_signals)  # ...and this before any thread exists too
     sink = OutputSink(2 if plan.output_format == "json" else 1)
     session = Session(plan, guardian)
-    view = HeadlessView(sink)
+    view = HeadlessView(sink, plan.output_ranks)
     session.subscribe(view)
     try:
         with asyncio.Runner(loop_factory=new_loop) as runner:  # a rank's exit first
