@@ -24,6 +24,7 @@ from forgelm_tui.cluster.store import (
 
 POLL = 0.05
 CONNECT_TRY = 2.0  # one connection attempt; repeated until the join deadline
+SPARES = 2  # connections made while joining for the link's inbox and ticker (cluster/link.py)
 CALL_WAIT = 10.0  # one call once connected: a node 0 starved of CPU answers late, not never
 MEMBERS_WAIT = 0.25  # one wait for the members; abort, cancel and the deadline between waits
 LINGER = 3.0  # node 0, refusing: how long it waits for the others to read why
@@ -77,6 +78,11 @@ class Joiner:
         self.store: ControlStore | None = None  # node 0's is the server as well
         self.hosting = False
         self.registered = False  # this node's node/<rank> key is its own
+        # The control plane's other connections, made while joining: the store's server
+        # looks each new client's address up in DNS on its one thread (torch's TCPStore; a
+        # resolver that does not answer holds every call of every node for its 5 s timeout:
+        # docs/multinode.md), so none is made once the ranks run, where a stop must be fast.
+        self.spares: list[ControlStore] = []
 
     def join(self) -> Membership:
         cfg = self.config
@@ -85,6 +91,9 @@ class Joiner:
         store.set_timeout(min(CALL_WAIT, self._left()))
         run = self._run_record(store)
         store.scoped(run["run_id"])
+        host = "127.0.0.1" if self.hosting else cfg.store_host
+        self.spares = [store.client(host, cfg.store_port, max(CONNECT_TRY, self._left()))
+                       for _ in range(SPARES)]  # a DNS stall is the join's time, not a refusal
         node_rank = cfg.node_rank
         if node_rank is None:
             node_rank = 0 if self.hosting else store.add("join-order", 1)

@@ -1,14 +1,14 @@
 """The control plane while a multi-node run lasts (SPEC §8), for one node.
 
-Two threads, each with its own store connection:
-- the *inbox* thread wakes at once when a stop, an escalation or the verdict is published.
-  Node 0 pops its own queue (``inbox/0``: stops, escalations, other nodes' finals); every other
-  node reads the broadcast (``bcast/<n>``): one write reaches every node, whatever their number;
-- the *ticker* publishes what the loop hands it (this node's heartbeat, a stop record, a kill,
-  the final records, node 0's summary, rank details while someone views them) and reads what
-  this node needs: node 0 every other node's heartbeat and final; any other node node 0's
-  summary only (cluster/summary.py). Rank details (``view/<i>``) are read only by a node that
-  shows them (its TUI, an attached viewer), at most once a second and only when they changed.
+Three threads, each with its own store connection (all made while joining: cluster/join.py):
+- the *inbox* wakes at once when a stop, an escalation or the verdict is published. Node 0
+  pops its queue (``inbox/0``: stops, escalations, finals); every other node reads the
+  broadcast (``bcast/<n>``): one write reaches every node, whatever their number;
+- the *publisher* writes stops, escalations, the first failure and the final, never queued
+  behind a heartbeat; the *ticker* writes this node's heartbeat (node 0's summary too, rank
+  details while someone views them) and reads what this node needs: node 0 every heartbeat
+  and final, any other node node 0's summary only (cluster/summary.py); rank details
+  (``view/<i>``) only a node that shows them, at most once a second, only when changed.
 Everything they learn is posted to the event loop, where all decisions are taken: a remote
 stop becomes the engine's stop command, a silent node a ``node_lost`` stop, remote ranks
 ``NodeChanged`` events for the views.
@@ -22,7 +22,7 @@ import queue
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from forgelm_tui.cluster.join import ClusterConfig, Membership
@@ -45,14 +45,16 @@ TICK_WAIT = 2.0  # one call of the ticker's connection (a fresh one after a call
 class NodeLink:
     def __init__(self, supervisor: Supervisor, membership: Membership, config: ClusterConfig,
                  store: ControlStore, peers: LinkPeers,
-                 viewing: Callable[[], bool] = lambda: False) -> None:
+                 viewing: Callable[[], bool] = lambda: False,
+                 spares: Sequence[ControlStore] = ()) -> None:
         self.sup = supervisor
         self.me = membership.node_rank
         self.nnodes = membership.nnodes
         self.nproc = {n.node_rank: n.nproc for n in membership.nodes}
         self.config = config
         self.store = store
-        store.set_timeout(TICK_WAIT)  # the join's connection, the ticker's from now on
+        store.set_timeout(TICK_WAIT)  # the join's connection, the publisher's from now on
+        self._spares = list(spares)  # made while joining: the inbox's, the ticker's
         self.host = socket.gethostname()
         self.interval = min(0.5, max(0.05, config.node_timeout / 10))
         others = [n for n in range(self.nnodes) if n != self.me]
@@ -299,7 +301,7 @@ class NodeLink:
 
     def _inbox_thread(self) -> None:
         try:
-            inbox = self._connect(INBOX_WAIT)
+            inbox = self._spare(INBOX_WAIT)
         except (StoreLost, StoreTimeout) as exc:
             self._post(self._store_gone, str(exc))
             return
@@ -336,7 +338,7 @@ class NodeLink:
             if kind == "tick":
                 next_tick = time.monotonic() + self.interval
             try:
-                store = store or self._connect(TICK_WAIT)
+                store = store or self._spare(TICK_WAIT)
                 if kind == "tick":
                     self._tick(store)
                 elif kind == "final-of":
@@ -376,15 +378,19 @@ class NodeLink:
                     with contextlib.suppress(StoreLost, StoreTimeout):
                         store = self._connect(TICK_WAIT)
 
-    def _connect(self, call_wait: float) -> ControlStore:
-        """Another connection: making it may take seconds on a loaded node 0 (up to the node
-        timeout); its calls then wait ``call_wait``."""
-        store = self.store.client(self._store_host, self.config.store_port,
-                                  self.config.node_timeout)
+    def _spare(self, call_wait: float) -> ControlStore:
+        """A connection made while joining (Joiner.spares), else a new one."""
+        try:
+            store = self._spares.pop()
+        except IndexError:
+            return self._connect(call_wait)
         store.set_timeout(call_wait)
         return store
 
-    @property
-    def _store_host(self) -> str:
-        """Where this node reaches the control store (node 0 hosts it)."""
-        return "127.0.0.1" if self.me == 0 else self.config.store_host
+    def _connect(self, call_wait: float) -> ControlStore:
+        """Another connection (after a call timed out): making it may take seconds on a loaded
+        node 0 (up to the node timeout); its calls then wait ``call_wait``. Node 0 hosts it."""
+        host = "127.0.0.1" if self.me == 0 else self.config.store_host
+        store = self.store.client(host, self.config.store_port, self.config.node_timeout)
+        store.set_timeout(call_wait)
+        return store

@@ -91,7 +91,7 @@ class NodeRun:
         assert joiner.store is not None
         hooks = self.session.hooks
         self.link = NodeLink(self.sup, membership, self.config, joiner.store, self.peers,
-                             viewing=lambda: hooks.viewing())
+                             viewing=lambda: hooks.viewing(), spares=joiner.spares)
         self.link.start(loop)
 
     def _settle(self, membership: Membership) -> str | None:

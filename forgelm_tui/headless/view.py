@@ -129,18 +129,14 @@ class HeadlessView:
 
     def __call__(self, event: ev.Event) -> None:
         match event:
-            case ev.RankOutput(rank=rank) if rank in self._hidden:
-                pass
-            case ev.RankOutput(rank=rank, lines=lines):
+            case ev.RankOutput(rank=rank, lines=lines) if rank not in self._hidden:
                 prefix = f"[rank {rank}] "
                 self._sink.write("".join(prefix + line + "\n" for line in lines), len(lines))
             case ev.RunStarted(run_id=run_id, world_size=world, run_dir=run_dir):
                 self.note(f"run {run_id}: {world} rank(s); logs in {run_dir}")
                 self._filter(world)
-            case ev.RankStarted(rank=rank, local_rank=local, pid=pid):
-                if self._output_ranks is not None and local not in self._output_ranks:
-                    self._hidden.add(rank)
-                self.note(f"rank {rank} started (pid {pid})")
+            case ev.RankStarted():
+                self._started(event)
             case ev.RankExited(rank=rank, exit_code=code, signal=sig):
                 self.note(f"rank {rank} {_ending(code, sig)}")
             case ev.RankSignalled(purpose=ev.Purpose.STACKS):
@@ -191,6 +187,11 @@ class HeadlessView:
                 self.note(log_not_kept_text(event))
             case _:
                 pass
+
+    def _started(self, event: ev.RankStarted) -> None:
+        if self._output_ranks is not None and event.local_rank not in self._output_ranks:
+            self._hidden.add(event.rank)
+        self.note(f"rank {event.rank} started (pid {event.pid})")
 
     def _filter(self, world: int) -> None:
         """Say whose output prints, when not every rank's does."""

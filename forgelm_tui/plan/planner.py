@@ -149,10 +149,7 @@ class Planner:
         info = self.info
         info.spec, info.run_dir, info.grace = spec, str(self.run_dir), grace.grace
         return Plan(
-            spec=spec,
-            info=info,
-            contract=info.contract,
-            output_format=ns.output_format,
+            spec=spec, info=info, contract=info.contract, output_format=ns.output_format,
             view=self._view(ns),
             envelope_paths=self.envelope_paths(),
             forgelm_mode=info.mode == "forgelm",
