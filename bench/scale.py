@@ -26,7 +26,10 @@ twice a second, as the issue's measurement did), running long enough for the win
   ranks, from node 0's envelope, against the failing rank's own ``time.time()``), **-> every
   supervisor exited**, every exit 2; median and max over the runs.
 
-Not yet: torchrun's store traffic for the same N. Raw numbers to OUT/scale.json, a table to
+- with ``--launchers forgelm-tui,torchrun``, the same for torchrun (``--rdzv-backend c10d``, its
+  store on P, hosted by the first agent): its store bytes/s, and for a failure how long until
+  every agent exited (at most 60 s) and how many ranks still ran then. ``--window 0``: the
+  failure runs only. Raw numbers to OUT/scale.json, a table to
 stdout and OUT/scale.md. No timing is asserted.
 """
 
@@ -50,6 +53,7 @@ from multinode import port_pair  # bench/multinode.py: P and P + 1 free (the con
 ROOT = Path(__file__).resolve().parent.parent
 FTUI = os.environ.get("BENCH_FORGELM_TUI", str(Path(sys.executable).parent / "forgelm-tui"))
 STEPPER = str(ROOT / "bench" / "ranks" / "stepper.py")
+TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 TICK = os.sysconf("SC_CLK_TCK")
 CONN = re.compile(r"(\S+)\s+(\S+)\s*$")
 
@@ -86,22 +90,37 @@ def rss_mib(pid: int) -> float:
     return 0.0
 
 
-def launch(nodes: int, ranks: int, out: Path, node_timeout: float,
+def command(launcher: str, nodes: int, node: int, ranks: int, port: int, slot: Path,
+            node_timeout: float) -> list[str]:
+    """One node's launcher: forgelm-tui (its control store on P + 1), or torchrun's c10d
+    rendezvous (its store on P, hosted by the first agent), the same stepper ranks."""
+    ranks_argv = [STEPPER, str(slot / "marks"), "600", "2"]  # ended by marks/stop or marks/fail
+    if launcher == "torchrun":
+        return [TORCHRUN, "--nnodes", str(nodes), "--nproc-per-node", str(ranks),
+                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+                "--rdzv-id", slot.name, "--max-restarts", "0", *ranks_argv]
+    return [FTUI, "--no-tui", "--run-dir", str(slot / "run"), "--nnodes", str(nodes),
+            "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port",
+            str(port), "--nproc-per-node", str(ranks), "--join-timeout", "300",
+            "--node-timeout", str(node_timeout), *ranks_argv]
+
+
+def store_port(launcher: str, port: int) -> int:
+    return port if launcher == "torchrun" else port + 1
+
+
+def launch(nodes: int, ranks: int, out: Path, node_timeout: float, launcher: str = "forgelm-tui",
            ) -> tuple[list[subprocess.Popen[bytes]], Path, int, float]:
-    """N supervisors of K stepper ranks each; returns them, the marks dir, the port, and how
+    """N launchers of K stepper ranks each; returns them, the marks dir, the port, and how
     long until every rank wrote its ready file."""
     port = port_pair()
-    slot = Path(tempfile.mkdtemp(prefix=f"scale-{nodes}x{ranks}-", dir=out))
+    slot = Path(tempfile.mkdtemp(prefix=f"scale-{launcher}-{nodes}x{ranks}-", dir=out))
     marks = slot / "marks"
     marks.mkdir()
     began = time.monotonic()
     procs = []
     for node in range(nodes):
-        cmd = [FTUI, "--no-tui", "--run-dir", str(slot / "run"), "--nnodes", str(nodes),
-               "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port",
-               str(port), "--nproc-per-node", str(ranks), "--join-timeout", "300",
-               "--node-timeout", str(node_timeout),
-               STEPPER, str(marks), "600", "2"]  # ended by marks/stop or marks/fail
+        cmd = command(launcher, nodes, node, ranks, port, slot, node_timeout)
         procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                       stdin=subprocess.DEVNULL, start_new_session=True))
     while len(list(marks.glob("ready-*"))) < nodes * ranks:
@@ -117,13 +136,14 @@ def launch(nodes: int, ranks: int, out: Path, node_timeout: float,
 
 
 def run_one(nodes: int, ranks: int, window: float, settle: float, out: Path,
-            node_timeout: float) -> dict[str, Any]:
-    procs, marks, port, join = launch(nodes, ranks, out, node_timeout)
+            node_timeout: float, launcher: str = "forgelm-tui") -> dict[str, Any]:
+    procs, marks, port, join = launch(nodes, ranks, out, node_timeout, launcher)
     time.sleep(settle)  # past the join; the curves (metrics history) grow meanwhile
-    bytes0, cpu0 = store_bytes(port + 1), [cpu_seconds(p.pid) for p in procs]
+    port = store_port(launcher, port)
+    bytes0, cpu0 = store_bytes(port), [cpu_seconds(p.pid) for p in procs]
     t0 = time.monotonic()
     time.sleep(window)
-    bytes1, cpu1 = store_bytes(port + 1), [cpu_seconds(p.pid) for p in procs]
+    bytes1, cpu1 = store_bytes(port), [cpu_seconds(p.pid) for p in procs]
     elapsed = time.monotonic() - t0
     rss = [rss_mib(p.pid) for p in procs]
     received = sum(r - bytes0.get(k, (0, 0))[0] for k, (r, _) in bytes1.items())
@@ -133,7 +153,7 @@ def run_one(nodes: int, ranks: int, window: float, settle: float, out: Path,
     (marks / "stop").touch()
     codes = [p.wait(timeout=120) for p in procs]
     return {
-        "nodes": nodes, "ranks_per_node": ranks, "world": nodes * ranks,
+        "launcher": launcher, "nodes": nodes, "ranks_per_node": ranks, "world": nodes * ranks,
         "join_s": round(join, 2), "window_s": round(elapsed, 2), "connections": len(bytes1),
         "store_in_Bps": round(received / elapsed), "store_out_Bps": round(sent / elapsed),
         "node0_cpu_pct": round(cpu[0], 1),
@@ -171,11 +191,59 @@ def fail_once(nodes: int, ranks: int, out: Path, node_timeout: float,
             "exit_codes": codes}
 
 
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except OSError:
+        return False
+
+
+def torchrun_fail_once(nodes: int, ranks: int, out: Path, fail_after: float,
+                       cap: float = 60.0) -> dict[str, Any]:
+    """torchrun's teardown of the same failure: how long until every agent exited (at most
+    ``cap`` s; then the stepper ranks are asked to end), their codes, and how many ranks
+    were still running at the cap (its agents learn of another node's failure only through
+    their own ranks: a torch-free rank never does)."""
+    procs, marks, _, _ = launch(nodes, ranks, out, 10.0, "torchrun")
+    pids = [int(f.read_text().split()[0]) for f in marks.glob("ready-*")]
+    time.sleep(fail_after)
+    (marks / "fail").touch()
+    deadline = time.monotonic() + cap
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    exited = time.time()
+    running = sum(p.poll() is None for p in procs)
+    ranks_left = sum(_alive(pid) for pid in pids)
+    (marks / "stop").touch()  # the other ranks end with 0; their agents may still wait
+    end = time.monotonic() + 15  # (torchrun's exit barrier: on a store whose host is gone)
+    while any(p.poll() is None for p in procs) and time.monotonic() < end:
+        time.sleep(0.05)
+    stuck = sum(p.poll() is None for p in procs)
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, 9)
+    codes = [p.wait(timeout=30) for p in procs]
+    failed_at = float((marks / "failed-at").read_text())
+    return {"exited_ms": round(1000 * (exited - failed_at), 1) if not running else None,
+            "agents_running_at_cap": running, "ranks_running_at_cap": ranks_left,
+            "agents_killed_15s_after_ranks_ended": stuck, "exit_codes": codes}
+
+
 def failures(nodes: int, ranks: int, runs: int, out: Path, node_timeout: float,
-             fail_after: float) -> dict[str, Any]:
+             fail_after: float, launcher: str = "forgelm-tui") -> dict[str, Any]:
+    if launcher == "torchrun":
+        rows = [torchrun_fail_once(nodes, ranks, out, fail_after) for _ in range(runs)]
+        ended = [r["exited_ms"] for r in rows if r["exited_ms"] is not None]
+        return {"launcher": launcher, "nodes": nodes, "ranks_per_node": ranks, "runs": runs,
+                "exited_ms_median": round(statistics.median(ended), 1) if ended else None,
+                "runs_with_agents_running_at_60s": sum(bool(r["agents_running_at_cap"])
+                                                       for r in rows),
+                "ranks_running_at_60s_max": max(r["ranks_running_at_cap"] for r in rows),
+                "each": rows}
     rows = [fail_once(nodes, ranks, out, node_timeout, fail_after) for _ in range(runs)]
     worst = [r["signalled_max_ms"] for r in rows if r["signalled_max_ms"] is not None]
-    return {"nodes": nodes, "ranks_per_node": ranks, "runs": runs, "fail_after_s": fail_after,
+    return {"launcher": launcher, "nodes": nodes, "ranks_per_node": ranks, "runs": runs,
+            "fail_after_s": fail_after,
             "signalled_max_ms_median": round(statistics.median(worst), 1) if worst else None,
             "signalled_max_ms_max": max(worst) if worst else None,
             "exited_ms_median": round(statistics.median(r["exited_ms"] for r in rows), 1),
@@ -184,13 +252,13 @@ def failures(nodes: int, ranks: int, runs: int, out: Path, node_timeout: float,
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| nodes x ranks | join s | store in KiB/s | store out KiB/s | total KiB/s | "
-             "node 0 CPU % | other CPU % | RSS MiB mean/max | exits |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| launcher | nodes x ranks | join s | store in KiB/s | store out KiB/s | "
+             "total KiB/s | node 0 CPU % | other CPU % | RSS MiB mean/max | exits |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         total = (r["store_in_Bps"] + r["store_out_Bps"]) / 1024
         lines.append(
-            f"| {r['nodes']} x {r['ranks_per_node']} | {r['join_s']} | "
+            f"| {r['launcher']} | {r['nodes']} x {r['ranks_per_node']} | {r['join_s']} | "
             f"{r['store_in_Bps'] / 1024:.1f} | {r['store_out_Bps'] / 1024:.1f} | {total:.1f} | "
             f"{r['node0_cpu_pct']} | {r['other_cpu_pct_mean']} | "
             f"{r['rss_mib_mean']}/{r['rss_mib_max']} | "
@@ -214,23 +282,27 @@ def main() -> int:
                              "starve a heartbeat past the default 10 s)")
     parser.add_argument("--settle", type=float, default=30.0,
                         help="seconds between every rank's start and the window")
+    parser.add_argument("--launchers", default="forgelm-tui",
+                        help="forgelm-tui, torchrun or both (forgelm-tui,torchrun)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "scale")
     opts = parser.parse_args()
+    launchers = opts.launchers.split(",")
     opts.out.mkdir(parents=True, exist_ok=True)
     rows = []
-    for ranks in (int(k) for k in opts.ranks.split(",")):
-        for nodes in (int(n) for n in opts.nodes.split(",")):
-            row = run_one(nodes, ranks, opts.window, opts.settle, opts.out, opts.node_timeout)
+    shapes = [(int(n), int(k)) for k in opts.ranks.split(",") for n in opts.nodes.split(",")]
+    for launcher in launchers:
+        for nodes, ranks in shapes if opts.window > 0 else ():
+            row = run_one(nodes, ranks, opts.window, opts.settle, opts.out, opts.node_timeout,
+                          launcher)
             print(json.dumps(row), flush=True)
             rows.append(row)
     fails = []
-    if opts.fail_runs:
-        for ranks in (int(k) for k in opts.ranks.split(",")):
-            for nodes in (int(n) for n in opts.nodes.split(",")):
-                found = failures(nodes, ranks, opts.fail_runs, opts.out, opts.node_timeout,
-                                 opts.fail_after)
-                print(json.dumps({k: v for k, v in found.items() if k != "each"}), flush=True)
-                fails.append(found)
+    for launcher in launchers if opts.fail_runs else ():
+        for nodes, ranks in shapes:
+            found = failures(nodes, ranks, opts.fail_runs, opts.out, opts.node_timeout,
+                             opts.fail_after, launcher)
+            print(json.dumps({k: v for k, v in found.items() if k != "each"}), flush=True)
+            fails.append(found)
     (opts.out / "scale.json").write_text(json.dumps({"steady": rows, "failure": fails},
                                                     indent=1))
     text = table(rows)
