@@ -279,3 +279,34 @@ def test_a_run_of_another_protocol_is_refused_in_one_line(tmp_path: Path,
         assert f"control protocol v1, this forgelm-tui v{PROTOCOL}" in message
     else:
         assert message.endswith("not a forgelm-tui control socket")
+
+
+def test_a_late_viewer_gets_every_other_node_as_last_shown() -> None:
+    """Multi-node: other nodes' ranks reach a view only when they change (cluster/views.py);
+    a viewer that attaches later gets each node as it was last shown, after the snapshot,
+    its ranks kept through a change of state alone (a node lost, done)."""
+    import json
+
+    from forgelm_tui.control.server import ControlServer
+    from forgelm_tui.engine.codec import from_wire
+
+    class Session:
+        run_id = "r"
+
+        def snapshot(self) -> ev.RunSnapshot:
+            return ev.RunSnapshot("r", 4, ("x",), "/runs/x", 1.0, (), node_rank=0, nnodes=2)
+
+        def subscribe(self, listener: object) -> None:
+            pass
+
+    server = ControlServer(Session())  # type: ignore[arg-type]
+    rank = ev.RankSnapshot(2, 0, 1, 99, ev.RankState.RUNNING, 1.0, None, None, None, (), "hi",
+                           None, 7, 10, {}, None, {})
+    server.on_event(ev.NodeChanged(1, "b", ev.NodeState.RUNNING, (rank,), 2.0))
+    server.on_event(ev.NodeChanged(1, "", ev.NodeState.LOST, (), 3.0))
+    snapshot, node = (json.loads(data) for data in server.snapshot_lines())
+    assert snapshot["type"] == "snapshot"
+    shown = from_wire(node["event"])
+    assert isinstance(shown, ev.NodeChanged)
+    assert (shown.node_rank, shown.state, shown.host, shown.ranks) == (
+        1, ev.NodeState.LOST, "b", (rank,))

@@ -108,7 +108,8 @@ class Viewer:
             self.close(abort=True)  # it does not read: its unsent bytes would hold it open
             return
         self.behind = False
-        self.offer(self.server.snapshot_line())
+        for data in self.server.snapshot_lines():
+            self.offer(data)
 
     async def pump(self) -> None:
         try:
@@ -159,8 +160,14 @@ class ControlServer:
         self._tasks: set[asyncio.Task[None]] = set()
         self.tails = OutputTails()
         self._tick: asyncio.TimerHandle | None = None
+        self.nodes: dict[int, ev.NodeChanged] = {}  # other nodes, as last shown (multi-node)
 
     def on_event(self, event: ev.Event) -> None:
+        if isinstance(event, ev.NodeChanged):  # for a viewer that attaches later
+            kept, last = event, self.nodes.get(event.node_rank)
+            if last is not None and not event.ranks:  # a state change alone: its ranks stand
+                kept = dataclasses.replace(event, host=event.host or last.host, ranks=last.ranks)
+            self.nodes[event.node_rank] = kept
         if not self.viewers:
             return
         if isinstance(event, ev.RankOutput):
@@ -200,8 +207,11 @@ class ControlServer:
             for data in messages:
                 viewer.offer(data)
 
-    def snapshot_line(self) -> bytes:
-        return line({"type": "snapshot", "snapshot": to_wire(self.session.snapshot())})
+    def snapshot_lines(self) -> list[bytes]:
+        """The snapshot (this node's ranks), then every other node as it was last shown: a
+        node whose ranks no longer change is not sent again (cluster/views.py)."""
+        return [line({"type": "snapshot", "snapshot": to_wire(self.session.snapshot())}),
+                *(event_line(node) for _, node in sorted(self.nodes.items()))]
 
     async def start(self, run_dir: Path, name: str | None = None) -> Path | None:
         """Listen; None (and the run goes on) when no socket can be made."""
@@ -253,7 +263,8 @@ class ControlServer:
         # The snapshot and the subscription in one loop callback: no event falls between.
         viewer.offer(line({"v": PROTOCOL, "type": "hello", "run_id": self.session.run_id,
                            "pid": os.getpid()}))
-        viewer.offer(self.snapshot_line())
+        for data in self.snapshot_lines():
+            viewer.offer(data)
         self.viewers.add(viewer)
         pump = asyncio.ensure_future(viewer.pump())
         self._tasks.add(pump)
