@@ -39,6 +39,7 @@ def test_eight_nodes_join_and_a_failure_on_the_last_stops_every_rank(tmp_path: P
     envelope = same_envelopes(nodes)
     failed_at = float((marks / "failed-at").read_text())
     assert envelope["exit_code"] == 2 and envelope["root_cause_rank"] == NODES - 1
+    assert envelope["root_cause_node"] == NODES - 1  # one rank a node: its own node
     assert [n["node_rank"] for n in envelope["nodes"]] == list(range(NODES))
     signalled = {}
     for rank in envelope["ranks"][:-1]:

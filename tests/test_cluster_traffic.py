@@ -16,6 +16,7 @@ from forgelm_tui.cluster.store import BroadcastReader, ControlStore
 from forgelm_tui.cluster.summary import ClusterView, NodeBeat, summarise
 from forgelm_tui.cluster.traffic import Traffic
 from forgelm_tui.cluster.views import ViewReader, ViewWriter
+from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.events import NodeState
 from forgelm_tui.engine.records import RankRecord
 
@@ -235,6 +236,47 @@ def test_a_view_is_written_when_wanted_due_and_changed() -> None:
     view = writer.view(RUNNING, ranks)
     assert view is not None and writer.seq == 2
     assert [s.step for s in ViewReader.ranks(view)] == [4, 3]
+
+
+
+def test_a_view_carries_its_curves_for_a_new_viewer_and_every_30th_view_only() -> None:
+    from forgelm_tui.cluster.views import CURVE_EVERY
+
+    writer, ranks = ViewWriter(1, "h1"), records(2, metrics=1, points=200)
+
+    def curves(viewers: int) -> tuple[bool, int]:
+        ranks[0].step += 1  # a view only when something changed
+        view = writer.view(RUNNING, ranks, viewers)
+        assert view is not None
+        return (all(s.metrics_history for s in ViewReader.ranks(view)), len(json.dumps(view)))
+
+    with_curves, full = curves(1)  # a viewer came
+    assert with_curves
+    without = [curves(1) for _ in range(CURVE_EVERY)]
+    assert not any(c for c, _ in without)
+    assert max(n for _, n in without) * 6 < full  # 905 B against 6,513
+    assert curves(1)[0]  # the 31st since the last with curves
+    assert not curves(1)[0]
+    assert curves(2)[0]  # another viewer came
+    assert not curves(1)[0]  # one left: nobody new
+
+
+def test_a_viewer_grows_a_remote_ranks_curve_from_views_without_one() -> None:
+    from forgelm_tui.tui.model import RunModel
+
+    clock = FakeClock(1000.0)
+    model = RunModel("r", ["x"], 4, clock)
+    model.apply(ev.RunStarted("r", 4, ("x",), "/runs/x", 1000.0, 0, 2))
+    writer, ranks = ViewWriter(1, "h1"), records(2, metrics=1, points=5)
+    for step, viewers in ((5, 1), (6, 1), (7, 1)):  # the first with curves, then without
+        for record in ranks:
+            record.step, record.metrics = step, {"metric_0": 1.0 / (step + 1)}
+        view = writer.view(RUNNING, ranks, viewers)
+        assert view is not None
+        model.apply(ev.NodeChanged(1, "h1", RUNNING, ViewReader.ranks(view), clock()))
+        clock.advance(1.0)
+    curve = model.ranks[1].history.metrics.curve("metric_0")
+    assert [step for step, _ in curve] == [0, 1, 2, 3, 4, 6, 7]  # 5 points sent, 2 grown
 
 
 # ---------------------------------------------------------------------- the summary

@@ -144,7 +144,7 @@ class NodeLink:
         now = time.monotonic()
         own = NodeBeat.of(self.me, self._phase, records, now)
         if self.views.due(now, self._views_wanted()):
-            view = self.views.view(self._phase, records)
+            view = self.views.view(self._phase, records, self._viewers())
             if view is not None:
                 self._commands.put(("view", view))
         summary = None
@@ -170,11 +170,14 @@ class NodeLink:
             store, time.monotonic(), stop_known=self.agreed_stop is not None,
             kill_known=self._kill_seen))
 
-    def _views_wanted(self) -> bool:
-        """Someone other than this node shows rank details (a node counts itself while it
+    def _viewers(self) -> int:
+        """Nodes other than this one that show rank details (a node counts itself while it
         views; the count is node 0's, a tick or two old)."""
         viewers = self.viewers if self.cluster is None else self.cluster.viewers
-        return viewers - (1 if self.viewing() else 0) > 0
+        return viewers - (1 if self.viewing() else 0)
+
+    def _views_wanted(self) -> bool:
+        return self._viewers() > 0
 
     # ------------------------------------------------------------------ loop side: in
 

@@ -234,8 +234,10 @@ class RunModel:
             row, old = _row(snap), self.ranks.get(snap.rank)
             row.node_rank = node.node_rank
             if old is not None:  # its steps as this view saw them come: its step rate and wait
-                row.history.marks = old.history.marks
-            row.history.add(snap.step, {}, self.clock())
+                row.history.carry(old.history, curve=not snap.metrics_history)
+            # a view without its curve (cluster/views.py): the curve grows from its metrics
+            row.history.add(snap.step, {} if snap.metrics_history else snap.metrics,
+                            self.clock())
             self.ranks[snap.rank] = row
 
     def node_text(self, row: RankRow) -> str:

@@ -40,6 +40,13 @@ class RankHistory:
         while len(self.marks) > 2 and self.marks[1][0] <= now - RATE_WINDOW:
             self.marks.popleft()  # one mark at or before the window's start stays: the base
 
+    def carry(self, old: RankHistory, curve: bool) -> None:
+        """Go on from ``old`` (another node's rank, a view replacing its row): its step marks,
+        and with ``curve`` its curve too (a view that came without one)."""
+        self.marks = old.marks
+        if curve:
+            self.metrics, self._last_metrics = old.metrics, old._last_metrics
+
     def rate(self, now: float) -> float | None:
         """Steps per second over the last RATE_WINDOW seconds of reports; 0 when the rank has
         reported no step for a whole window; None until two steps were seen."""
