@@ -26,6 +26,8 @@ twice a second, as the issue's measurement did), running long enough for the win
   ranks, from node 0's envelope, against the failing rank's own ``time.time()``), **-> every
   supervisor exited**, every exit 2; median and max over the runs.
 
+- with ``--viewer``, a viewer attached to node 0 during the steady runs (what rank details
+  cost while someone views them);
 - with ``--launchers forgelm-tui,torchrun``, the same for torchrun (``--rdzv-backend c10d``, its
   store on P, hosted by the first agent): its store bytes/s, and for a failure how long until
   every agent exited (at most 60 s) and how many ranks still ran then. ``--window 0``: the
@@ -43,6 +45,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from datetime import datetime
 from pathlib import Path
@@ -135,9 +138,37 @@ def launch(nodes: int, ranks: int, out: Path, node_timeout: float, launcher: str
     return procs, marks, port, time.monotonic() - began
 
 
+class Viewer:
+    """An attached viewer on node 0 (what ``forgelm-tui attach`` is, without a screen): every
+    node then writes its ranks' views and node 0 reads them (cluster/views.py)."""
+
+    def __init__(self, slot: Path) -> None:
+        from forgelm_tui.control.client import ControlClient, ControlError
+
+        path = slot / "run" / "node-0" / "control.sock"
+        self.client = ControlClient(path, output="tail")
+        self.items = 0
+        self._error = ControlError
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        try:
+            while True:
+                self.client.next_item()
+                self.items += 1
+        except (self._error, OSError, ValueError):
+            return
+
+    def close(self) -> None:
+        self.client.close()
+
+
 def run_one(nodes: int, ranks: int, window: float, settle: float, out: Path,
-            node_timeout: float, launcher: str = "forgelm-tui") -> dict[str, Any]:
+            node_timeout: float, launcher: str = "forgelm-tui",
+            viewer: bool = False) -> dict[str, Any]:
     procs, marks, port, join = launch(nodes, ranks, out, node_timeout, launcher)
+    watching = Viewer(marks.parent) if viewer else None
     time.sleep(settle)  # past the join; the curves (metrics history) grow meanwhile
     port = store_port(launcher, port)
     bytes0, cpu0 = store_bytes(port), [cpu_seconds(p.pid) for p in procs]
@@ -150,10 +181,13 @@ def run_one(nodes: int, ranks: int, window: float, settle: float, out: Path,
     sent = sum(s - bytes0.get(k, (0, 0))[1] for k, (_, s) in bytes1.items())
     cpu = [100 * (b - a) / elapsed for a, b in zip(cpu0, cpu1, strict=True)]
     window_end = time.monotonic()
+    if watching is not None:
+        watching.close()
     (marks / "stop").touch()
     codes = [p.wait(timeout=120) for p in procs]
     return {
-        "launcher": launcher, "nodes": nodes, "ranks_per_node": ranks, "world": nodes * ranks,
+        "launcher": launcher + (" + viewer" if viewer else ""), "nodes": nodes,
+        "ranks_per_node": ranks, "world": nodes * ranks,
         "join_s": round(join, 2), "window_s": round(elapsed, 2), "connections": len(bytes1),
         "store_in_Bps": round(received / elapsed), "store_out_Bps": round(sent / elapsed),
         "node0_cpu_pct": round(cpu[0], 1),
@@ -284,6 +318,9 @@ def main() -> int:
                         help="seconds between every rank's start and the window")
     parser.add_argument("--launchers", default="forgelm-tui",
                         help="forgelm-tui, torchrun or both (forgelm-tui,torchrun)")
+    parser.add_argument("--viewer", action="store_true",
+                        help="forgelm-tui with a viewer attached to node 0 for the steady runs "
+                             "(every node then sends its ranks' views)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "scale")
     opts = parser.parse_args()
     launchers = opts.launchers.split(",")
@@ -293,7 +330,7 @@ def main() -> int:
     for launcher in launchers:
         for nodes, ranks in shapes if opts.window > 0 else ():
             row = run_one(nodes, ranks, opts.window, opts.settle, opts.out, opts.node_timeout,
-                          launcher)
+                          launcher, opts.viewer and launcher == "forgelm-tui")
             print(json.dumps(row), flush=True)
             rows.append(row)
     fails = []
