@@ -9,9 +9,8 @@ Three threads, each with its own store connection (all made while joining: clust
   details while someone views them) and reads what this node needs: node 0 every heartbeat
   and final, any other node node 0's summary only (cluster/summary.py); rank details
   (``view/<i>``) only a node that shows them, at most once a second, only when changed.
-Everything they learn is posted to the event loop, where all decisions are taken: a remote
-stop becomes the engine's stop command, a silent node a ``node_lost`` stop, remote ranks
-``NodeChanged`` events for the views.
+What they learn is posted to the event loop, where all decisions are taken: a remote stop is
+the engine's stop command, a silent node a ``node_lost`` stop, remote ranks ``NodeChanged``.
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ from forgelm_tui.cluster.store import BroadcastReader, ControlStore, StoreLost, 
 from forgelm_tui.cluster.summary import ClusterView, LinkPeers, NodeBeat, summarise
 from forgelm_tui.cluster.traffic import Poll, Traffic
 from forgelm_tui.cluster.views import ViewReader, ViewWriter
-from forgelm_tui.cluster.wire import stop_from_wire, stop_to_wire
+from forgelm_tui.cluster.wire import stall_to_wire, stop_from_wire, stop_to_wire
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.events import NodeState
 from forgelm_tui.engine.records import StopRecord
@@ -115,7 +114,9 @@ class NodeLink:
 
     def on_event(self, event: ev.Event) -> None:
         stop = self.sup.stop
-        if isinstance(event, ev.RunStopping) and stop is not None and stop.origin_node == self.me:
+        if isinstance(event, ev.RunStalled) and stop is None:  # declared here: stacks first
+            self._urgent.put(("stop", stall_to_wire(event.seconds, self.sup.spec.grace, self.me)))
+        elif isinstance(event, ev.RunStopping) and stop is not None and stop.origin_node == self.me:
             if stop.kind is StopKind.FAILURE and self.failure_seen is None:
                 self.failure_seen = time.monotonic()
             self._urgent.put(("stop", stop_to_wire(stop)))
@@ -200,6 +201,8 @@ class NodeLink:
 
     def _remote_stop(self, data: dict[str, Any]) -> None:
         self.agreed_stop = self.agreed_stop or data
+        if data.get("origin_node") == self.me:
+            return  # its own (a stall's, read back while its stacks are captured)
         if data.get("kind") == StopKind.FAILURE.value and self.failure_seen is None:
             self.failure_seen = time.monotonic()
         if self.sup.stop is None:
@@ -383,12 +386,10 @@ class NodeLink:
 
     def _spare(self, call_wait: float) -> ControlStore:
         """A connection made while joining (Joiner.spares), else a new one."""
-        try:
-            store = self._spares.pop()
-        except IndexError:
+        if not self._spares:
             return self._connect(call_wait)
-        store.set_timeout(call_wait)
-        return store
+        self._spares[-1].set_timeout(call_wait)
+        return self._spares.pop()
 
     def _connect(self, call_wait: float) -> ControlStore:
         """Another connection (after a call timed out): making it may take seconds on a loaded

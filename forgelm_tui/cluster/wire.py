@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict
 from typing import Any
 
+from forgelm_tui.engine.policy import stall_reason
 from forgelm_tui.engine.records import StopRecord
 from forgelm_tui.verdict import RankEnding, StopKind
 
@@ -14,6 +16,14 @@ def stop_to_wire(stop: StopRecord) -> dict[str, Any]:
             "signal": stop.signal, "at": stop.at, "grace": stop.grace,
             "origin_rank": stop.origin_rank, "origin_node": stop.origin_node,
             "lost_node": stop.lost_node, "source": stop.source}
+
+
+def stall_to_wire(seconds: float, grace: float, node: int) -> dict[str, Any]:
+    """A stall declared on ``node``, told to every node before its stacks are captured: each
+    node captures its ranks' stacks at once, before any rank is signalled anywhere (a rank
+    gone ends its peers' collective: their stacks would show the aftermath, not the hang)."""
+    return stop_to_wire(StopRecord(StopKind.STALL, stall_reason(seconds), "stall", None,
+                                   time.time(), 0.0, grace=grace, origin_node=node))
 
 
 def stop_from_wire(data: dict[str, Any]) -> StopRecord:

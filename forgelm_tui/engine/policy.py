@@ -36,6 +36,11 @@ HANG_UP = "hang-up"  # the cause of a SIGHUP and of a lost terminal
 OUTSIDE_SIGNAL = "outside signal"  # a node's first SIGINT/SIGTERM: maybe sent to every node
 
 
+
+def stall_reason(timeout: float) -> str:
+    """The stall stop's reason (the policy's, and the record another node gets at once)."""
+    return f"stalled: no rank made progress for {timeout:g} s"
+
 class Timers(Protocol):
     def start(self, name: str, delay: float, callback: Callable[[], None]) -> None: ...
     def cancel(self, name: str) -> None: ...
@@ -188,8 +193,7 @@ class StopPolicy:
         if self._after_stacks is not None:
             return  # declared already: its stacks are being captured
         self.effects.emit(ev.RunStalled(timeout, tuple(r.rank for r in live)))
-        self.stop_after_stacks(StopKind.STALL, f"stalled: no rank made progress for "
-                               f"{timeout:g} s", "stall")
+        self.stop_after_stacks(StopKind.STALL, stall_reason(timeout), "stall")
 
     # ------------------------------------------------------------------ commands
 
