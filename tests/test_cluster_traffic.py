@@ -337,3 +337,50 @@ def test_node_0_done_is_still_read() -> None:
     assert view.read({"seq": 2, "phase": "done", "open": 1, "open_one": 1,
                       "ages": [[0.5, 3]]}, now=2.0) is False
     assert not view.live() and view.progress_age(2.0) == 0.5
+
+
+# ---------------------------------------------------------------------- a stall, told first
+
+
+def _link(tmp_path: Any, me: int) -> Any:
+    """A node's link, not started (no threads): what its loop side does with events."""
+    import sys
+
+    from forgelm_tui.cluster.config import ClusterConfig
+    from forgelm_tui.cluster.join import Membership, NodeInfo
+    from forgelm_tui.cluster.link import NodeLink
+    from forgelm_tui.cluster.summary import LinkPeers
+    from forgelm_tui.engine.spec import LaunchSpec
+    from forgelm_tui.engine.supervisor import Supervisor
+
+    class Store(FakeStore):
+        def set_timeout(self, seconds: float) -> None:
+            self.timeout = seconds
+
+    spec = LaunchSpec(argv=(sys.executable, "t.py"), run_id="r", run_dir=tmp_path,
+                      nproc_per_node=1, master_addr="127.0.0.1", master_port=29999, grace=5.0,
+                      cwd=tmp_path, nnodes=2, node_rank=me)
+    nodes = tuple(NodeInfo(n, f"h{n}", 100 + n, 1, "v") for n in range(2))
+    config = ClusterConfig(2, me, "127.0.0.1", 29998, "127.0.0.1", 29999, "r", True, 1)
+    return NodeLink(Supervisor(spec, base_env={}), Membership("r", me, 2, "127.0.0.1", 29999,
+                                                               nodes, me == 0),
+                    config, Store(), LinkPeers())
+
+
+async def test_a_stall_declared_here_is_told_to_every_node_before_its_stacks_are_captured(
+        tmp_path: Any) -> None:
+    """A node that declares a stall publishes it at once (RunStalled), not after its stacks
+    and its own ranks' signals: the other nodes capture their stacks while every rank still
+    waits where it hung. Its own record read back changes nothing; another node's applies."""
+    link = _link(tmp_path, 1)
+    link.on_event(ev.RunStalled(4.0, (1,)))
+    kind, payload = link._urgent.get_nowait()
+    assert kind == "stop" and link.sup.stop is None  # told before this node stops anything
+    assert (payload["kind"], payload["reason"], payload["origin_node"], payload["grace"]) == (
+        "stall", "stalled: no rank made progress for 4 s", 1, 5.0)
+    link._remote_stop(payload)  # its own broadcast, read back
+    assert link.agreed_stop == payload and link.sup.stop is None
+    other = _link(tmp_path / "n0", 0)
+    other._remote_stop(payload)  # node 0 gets it: its stacks (no live rank here), then the stop
+    assert other.sup.stop is not None and other.sup.stop.kind.value == "stall"
+    assert other.sup.stop.reason == "stalled: no rank made progress for 4 s (on node 1)"
