@@ -259,6 +259,8 @@ def test_a_view_carries_its_curves_for_a_new_viewer_and_every_30th_view_only() -
     assert not curves(1)[0]
     assert curves(2)[0]  # another viewer came
     assert not curves(1)[0]  # one left: nobody new
+    assert not writer.due(500.0, wanted=False)  # then nobody views for a while...
+    assert curves(1)[0]  # ...and whoever comes next gets the curves
 
 
 def test_a_viewer_grows_a_remote_ranks_curve_from_views_without_one() -> None:

@@ -285,10 +285,12 @@ def test_a_late_viewer_gets_every_other_node_as_last_shown() -> None:
     """Multi-node: other nodes' ranks reach a view only when they change (cluster/views.py);
     a viewer that attaches later gets each node as it was last shown, after the snapshot,
     its ranks kept through a change of state alone (a node lost, done)."""
+    import dataclasses
     import json
 
     from forgelm_tui.control.server import ControlServer
     from forgelm_tui.engine.codec import from_wire
+    from forgelm_tui.engine.history import MetricSeries
 
     class Session:
         run_id = "r"
@@ -310,3 +312,10 @@ def test_a_late_viewer_gets_every_other_node_as_last_shown() -> None:
     assert isinstance(shown, ev.NodeChanged)
     assert (shown.node_rank, shown.state, shown.host, shown.ranks) == (
         1, ev.NodeState.LOST, "b", (rank,))
+    curve = (MetricSeries("loss", ((1, 2.0), (7, 1.5))),)
+    server.on_event(ev.NodeChanged(1, "b", ev.NodeState.RUNNING, (
+        dataclasses.replace(rank, metrics_history=curve),), 4.0))
+    server.on_event(ev.NodeChanged(1, "b", ev.NodeState.RUNNING, (
+        dataclasses.replace(rank, step=8),), 5.0))  # a view without its curve
+    kept = from_wire(json.loads(server.snapshot_lines()[1])["event"])
+    assert [(r.step, r.metrics_history) for r in kept.ranks] == [(8, curve)]

@@ -256,3 +256,11 @@ def test_local_ranks_filter_on_a_real_run(tmp_path: Path) -> None:
     assert "output lines of local rank(s) 0,2 only on each node (--local-ranks-filter)" in out
     log = (run.run_dir / "rank-1.stdout.log").read_text()
     assert "rank 1 of 3 says hello" in log and "rank 1 exiting with 0" in log
+
+
+def test_the_output_filter_is_told_once_whatever_the_attempts() -> None:
+    """A restart's attempt starts the run again: its RunStarted says nothing new."""
+    events = _node_of(128, 4, 0)
+    text = _headless_text(events + events[:1])
+    assert text.count("only on each node") == 1
+    assert "(128 ranks (more than 64))" in text

@@ -91,9 +91,6 @@ class Joiner:
         store.set_timeout(min(CALL_WAIT, self._left()))
         run = self._run_record(store)
         store.scoped(run["run_id"])
-        host = "127.0.0.1" if self.hosting else cfg.store_host
-        self.spares = [store.client(host, cfg.store_port, max(CONNECT_TRY, self._left()))
-                       for _ in range(SPARES)]  # a DNS stall is the join's time, not a refusal
         node_rank = cfg.node_rank
         if node_rank is None:
             node_rank = 0 if self.hosting else store.add("join-order", 1)
@@ -111,6 +108,9 @@ class Joiner:
             self._refuse(store, f"node rank {node_rank} joined twice: {held['host']} pid "
                          f"{held['pid']} and {me.host} pid {me.pid}")
         store.set(f"beat/{node_rank}", {"seq": 0, "phase": "joining"})
+        host = "127.0.0.1" if self.hosting else cfg.store_host  # once the node may run:
+        self.spares = [store.client(host, cfg.store_port, max(CONNECT_TRY, self._left()))
+                       for _ in range(SPARES)]  # a DNS stall is the join's time, not a refusal
         nodes = self._wait_for_all(store)
         return Membership(run["run_id"], node_rank, cfg.nnodes, run["master_addr"],
                           run["master_port"], nodes, self.hosting)

@@ -388,12 +388,12 @@ class NodeLink:
         """A connection made while joining (Joiner.spares), else a new one."""
         if not self._spares:
             return self._connect(call_wait)
-        self._spares[-1].set_timeout(call_wait)
-        return self._spares.pop()
+        spare = self._spares.pop()  # atomic: the inbox and the ticker take theirs at once
+        spare.set_timeout(call_wait)
+        return spare
 
     def _connect(self, call_wait: float) -> ControlStore:
-        """Another connection (after a call timed out): making it may take seconds on a loaded
-        node 0 (up to the node timeout); its calls then wait ``call_wait``. Node 0 hosts it."""
+        """Another connection (a call timed out): up to the node timeout to make; node 0's."""
         host = "127.0.0.1" if self.me == 0 else self.config.store_host
         store = self.store.client(host, self.config.store_port, self.config.node_timeout)
         store.set_timeout(call_wait)

@@ -42,7 +42,10 @@ class ViewWriter:
         self._since_curves = 0
 
     def due(self, now: float, wanted: bool) -> bool:
-        if not wanted or now - self._at < VIEW_EVERY:
+        if not wanted:
+            self._viewers = 0  # nobody views: whoever comes next is new (gets the curves)
+            return False
+        if now - self._at < VIEW_EVERY:
             return False
         self._at = now
         return True

@@ -164,10 +164,7 @@ class ControlServer:
 
     def on_event(self, event: ev.Event) -> None:
         if isinstance(event, ev.NodeChanged):  # for a viewer that attaches later
-            kept, last = event, self.nodes.get(event.node_rank)
-            if last is not None and not event.ranks:  # a state change alone: its ranks stand
-                kept = dataclasses.replace(event, host=event.host or last.host, ranks=last.ranks)
-            self.nodes[event.node_rank] = kept
+            self.nodes[event.node_rank] = _kept(event, self.nodes.get(event.node_rank))
         if not self.viewers:
             return
         if isinstance(event, ev.RankOutput):
@@ -310,6 +307,19 @@ class ControlServer:
             viewer.offer(line({"type": "error", "message": f"unknown command {kind!r}"}))
             return
         viewer.offer(line({"type": "ack", "command": kind, "effect": effect}))
+
+
+def _kept(event: ev.NodeChanged, last: ev.NodeChanged | None) -> ev.NodeChanged:
+    """A node as a later viewer gets it: a change of state alone keeps its ranks, and a rank
+    whose view came without its curve (cluster/views.py) keeps the last one seen."""
+    if last is None:
+        return event
+    if not event.ranks:
+        return dataclasses.replace(event, host=event.host or last.host, ranks=last.ranks)
+    curves = {r.rank: r.metrics_history for r in last.ranks}
+    return dataclasses.replace(event, ranks=tuple(
+        r if r.metrics_history else dataclasses.replace(r, metrics_history=curves.get(r.rank, ()))
+        for r in event.ranks))
 
 
 def _peer(writer: asyncio.StreamWriter) -> tuple[int, int]:

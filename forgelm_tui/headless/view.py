@@ -116,6 +116,7 @@ class HeadlessView:
         self._sink = sink
         self._output_ranks = output_ranks
         self._hidden: set[int] = set()  # ranks whose output lines do not print
+        self._filter_told = False
         self._output_age: dict[int, float] = {}
         self._last_countdown: int | None = None
         self._nodes: dict[int, ev.NodeState] = {}
@@ -194,7 +195,11 @@ class HeadlessView:
         self.note(f"rank {event.rank} started (pid {event.pid})")
 
     def _filter(self, world: int) -> None:
-        """Say whose output prints, when not every rank's does."""
+        """Say whose output prints, when not every rank's does (once: a restart's attempt
+        starts the run again with the same ranks)."""
+        if self._filter_told:
+            return
+        self._filter_told = True
         if self._output_ranks is None and world > ALL_OUTPUT_UP_TO:
             self._output_ranks = frozenset({0})
             why = f"{world} ranks (more than {ALL_OUTPUT_UP_TO})"

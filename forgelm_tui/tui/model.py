@@ -236,8 +236,9 @@ class RunModel:
             if old is not None:  # its steps as this view saw them come: its step rate and wait
                 row.history.carry(old.history, curve=not snap.metrics_history)
             # a view without its curve (cluster/views.py): the curve grows from its metrics
-            row.history.add(snap.step, {} if snap.metrics_history else snap.metrics,
-                            self.clock())
+            if snap.metrics_history:  # the curve came whole: its last point is these metrics
+                row.history.seen(snap.metrics)
+            row.history.add(snap.step, snap.metrics, self.clock())
             self.ranks[snap.rank] = row
 
     def node_text(self, row: RankRow) -> str:

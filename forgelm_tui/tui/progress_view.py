@@ -40,6 +40,10 @@ class RankHistory:
         while len(self.marks) > 2 and self.marks[1][0] <= now - RATE_WINDOW:
             self.marks.popleft()  # one mark at or before the window's start stays: the base
 
+    def seen(self, metrics: Mapping[str, float]) -> None:
+        """``metrics`` are the curve's last point already (a curve restored whole)."""
+        self._last_metrics = dict(metrics)
+
     def carry(self, old: RankHistory, curve: bool) -> None:
         """Go on from ``old`` (another node's rank, a view replacing its row): its step marks,
         and with ``curve`` its curve too (a view that came without one)."""
