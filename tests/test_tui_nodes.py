@@ -62,6 +62,24 @@ async def test_16_nodes_of_8_at_80x24_show_every_node_row_and_open_one() -> None
         assert [key.value for key in table.rows].count("24") == 0
 
 
+async def test_a_new_order_of_rows_keeps_the_table_where_it_was_scrolled() -> None:
+    """Opening a node rebuilds the table: the cursor stays on its row, the view does not jump
+    back to the top (the rows above did not change)."""
+    app, _, prepare = scripted_app("nodes")
+    async with app.run_test(size=SMALL) as pilot:
+        await prepare(pilot)
+        await open_row(pilot, app, "n13")  # 25 rows: the table scrolls
+        table = app.query_one(RankTable)
+        table.scroll_to(y=table.max_scroll_y, animate=False)
+        await pilot.pause()
+        scrolled = table.scroll_y
+        assert scrolled > 0 and table.selected_node() == 13  # on screen, mid-table
+        table.toggle_node(14)  # rows inserted below the cursor: a rebuild
+        await pilot.pause()
+        assert table.scroll_y == scrolled
+        assert table.selected_node() == 13
+
+
 async def test_a_screen_taller_than_the_ranks_shows_every_rank() -> None:
     app, _, prepare = scripted_app("nodes")
     async with app.run_test(size=(120, 140)) as pilot:

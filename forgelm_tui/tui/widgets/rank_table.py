@@ -364,7 +364,7 @@ class RankTable(DataTable[Text]):
         the rows under it); no highlight message (the selection did not change: the log pane
         keeps its rank)."""
         self.shown_widths = layout
-        selected, row = self._selected(), self.cursor_row
+        selected, row, scrolled = self._selected(), self.cursor_row, self.scroll_y
         with self.prevent(DataTable.RowHighlighted, DataTable.CellHighlighted):
             self.clear(columns=True)
             self._shown.clear()
@@ -377,5 +377,6 @@ class RankTable(DataTable[Text]):
                 self._add_row(key, cells)
             if selected in self._cells:
                 row = list(self._cells).index(selected)
+            self.scroll_to(y=scrolled, animate=False)  # where it was (clear() went to the top)
             if 0 < row < self.row_count:
                 self.move_cursor(row=row, animate=False)
