@@ -147,6 +147,21 @@ def test_fixed_run_id_agreed(nodes: Nodes) -> None:
     assert {n.membership().run_id for n in started} == {"job-7"}
 
 
+def test_the_links_connections_are_made_while_joining(nodes: Nodes) -> None:
+    """No connection is made once the ranks run (the store's server resolves each new client
+    in DNS on its one thread: docs/multinode.md): the join hands the link its spares, under
+    the run's prefix, answering."""
+    from forgelm_tui.cluster.join import SPARES
+
+    started = [nodes.start(2, rank, run_id="job-8", run_id_fixed=True) for rank in (0, 1)]
+    for node in started:
+        node.membership()
+        assert len(node.joiner.spares) == SPARES == 2
+        for spare in node.joiner.spares:
+            spare.set_timeout(5.0)
+            assert spare.has(["node/0", "node/1"])  # the run's keys: its prefix
+
+
 def test_c10d_numbers_nodes_in_join_order(nodes: Nodes) -> None:
     first = nodes.start(3, None, run_id="run-of-first")
     wait_for(lambda: first.joiner.hosting or first.result is not None, WAIT, "a host")

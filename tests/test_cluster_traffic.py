@@ -386,3 +386,19 @@ async def test_a_stall_declared_here_is_told_to_every_node_before_its_stacks_are
     other._remote_stop(payload)  # node 0 gets it: its stacks (no live rank here), then the stop
     assert other.sup.stop is not None and other.sup.stop.kind.value == "stall"
     assert other.sup.stop.reason == "stalled: no rank made progress for 4 s (on node 1)"
+
+
+async def test_the_inbox_and_ticker_take_the_joins_spares_before_making_a_connection(
+        tmp_path: Any) -> None:
+    link = _link(tmp_path, 1)
+    spares = [FakeStore(), FakeStore()]
+    for spare in spares:
+        spare.set_timeout = lambda seconds, s=spare: setattr(s, "timeout", seconds)  # type: ignore[method-assign]
+    link._spares = list(spares)
+    made: list[float] = []
+    link._connect = lambda wait: made.append(wait) or spares[0]
+    assert link._spare(1.0) is spares[1] and spares[1].timeout == 1.0
+    assert link._spare(2.0) is spares[0] and spares[0].timeout == 2.0
+    assert made == []  # no connection made while a spare was left
+    link._spare(2.0)
+    assert made == [2.0]  # then (a call timed out) a new one

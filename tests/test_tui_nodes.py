@@ -179,3 +179,18 @@ def test_one_node_or_few_ranks_never_group() -> None:
     assert groups.grouped(_model(4, 8), 24)
     assert not groups.grouped(_model(4, 8), 0)  # not laid out yet
 
+
+
+def test_a_node_row_counts_its_gpus_averages_their_use_and_shows_its_fullest_rank() -> None:
+    from scripted_gpu import MEMORY, devices, sample
+
+    model = _model(4, 2)  # this node's ranks 0 and 1 on devices 0 and 1
+    for rank in (0, 1):
+        model.apply(ev.RankStarted(rank, rank, 100 + rank, T0))
+    model.apply(sample(devices(2), {0: 0, 1: 1}, MEMORY))
+    view = groups.group_rows(model, set())[0][0]
+    assert view.gpu["gpu"] == ("2", "")
+    assert view.gpu["gpu_util"] == (" 95.5", "")  # 97 and 94
+    text, _ = view.gpu["gpu_mem"]
+    assert text.endswith("34.0/80.0G")  # rank 1's 34 GiB: the fuller of the two
+    assert groups.group_rows(model, set())[1][0].gpu["gpu"] == ("-", "")  # node 1: no sample

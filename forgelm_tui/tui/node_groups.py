@@ -14,15 +14,15 @@ Pure functions of the model (no Textual); tui/widgets/rank_table.py lays the row
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from forgelm_tui.engine.events import RankState
 from forgelm_tui.signames import signal_name
-from forgelm_tui.tui.gpu_view import GpuView
 from forgelm_tui.tui.model import RankRow, RunModel
 from forgelm_tui.tui.units import human_seconds
+from forgelm_tui.tui.widgets.gpu_cells import gpu_cells
 
 Cell = tuple[str, str]  # (plain text, style)
 
@@ -77,6 +77,20 @@ class NodeView:
         now = self.model.clock()
         waits = [now - r.history.marks[-1][0] for r in self.live if r.history.marks]
         return max(waits) if waits else None
+
+    @functools.cached_property
+    def gpu(self) -> dict[str, Cell]:
+        """Its devices counted, their mean GPU %, the fullest rank's memory (each cell once)."""
+        ranks = self.model.gpu.ranks
+        devices = {d.index for r in self.rows if (g := ranks.get(r.rank)) for d in g.devices}
+        utils = [d.utilization for r in self.live if (g := ranks.get(r.rank))
+                 for d in g.devices if d.utilization is not None]
+        fullest = max(((g.memory_bytes or 0, r.rank) for r in self.rows
+                       if (g := ranks.get(r.rank))), default=None)
+        memory = gpu_cells(self.model.gpu, fullest[1], True)["gpu_mem"] if fullest else ("-", "")
+        return {"gpu": (str(len(devices)) if devices else "-", ""),
+                "gpu_util": (f"{sum(utils) / len(utils):5.1f}" if utils else "-", ""),
+                "gpu_mem": memory}
 
     def output_age(self) -> float | None:
         found = [age for r in self.live if (age := self.model.output_age(r)) is not None]
@@ -134,15 +148,3 @@ def signal_cell(view: NodeView) -> Cell:
         return ("", "")
     sig, count = sent.most_common(1)[0]
     return (f"{signal_name(sig)} ×{count}", "magenta")
-
-
-def gpu_cells(view: NodeView, gpu: GpuView, memory: Callable[[int], Cell]) -> dict[str, Cell]:
-    """Its devices counted, their mean GPU %, the fullest rank's memory."""
-    devices = {d.index for r in view.rows if (g := gpu.ranks.get(r.rank)) for d in g.devices}
-    utils = [d.utilization for r in view.live if (g := gpu.ranks.get(r.rank))
-             for d in g.devices if d.utilization is not None]
-    fullest = max(((g.memory_bytes or 0, r.rank) for r in view.rows
-                   if (g := gpu.ranks.get(r.rank))), default=None)
-    return {"gpu": (str(len(devices)) if devices else "-", ""),
-            "gpu_util": (f"{sum(utils) / len(utils):5.1f}" if utils else "-", ""),
-            "gpu_mem": memory(fullest[1]) if fullest else ("-", "")}

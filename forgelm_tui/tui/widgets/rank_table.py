@@ -139,10 +139,7 @@ def _node_ranks(view: NodeView) -> Cell:
 
 
 def _node_gpu(key: str) -> Callable[[NodeView], Cell]:
-    def cell(view: NodeView) -> Cell:
-        return groups.gpu_cells(view, view.model.gpu, lambda rank: gpu_cells(
-            view.model.gpu, rank, True)["gpu_mem"])[key]
-    return cell
+    return lambda view: view.gpu[key]
 
 
 def _node_bar(view: NodeView) -> Cell:
