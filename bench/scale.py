@@ -27,7 +27,9 @@ twice a second, as the issue's measurement did), running long enough for the win
   supervisor exited**, every exit 2; median and max over the runs.
 
 - with ``--viewer``, a viewer attached to node 0 during the steady runs (what rank details
-  cost while someone views them);
+  cost while someone views them): ``--viewer all`` shows every node's ranks (a view that
+  lists every rank: every node writes its ranks' views), ``--viewer rows`` only the node rows
+  (a grouped TUI with no node opened: every node writes its row only);
 - with ``--launchers forgelm-tui,torchrun``, the same for torchrun (``--rdzv-backend c10d``, its
   store on P, hosted by the first agent): its store bytes/s, and for a failure how long until
   every agent exited (at most 60 s) and how many ranks still ran then. ``--window 0``: the
@@ -140,13 +142,16 @@ def launch(nodes: int, ranks: int, out: Path, node_timeout: float, launcher: str
 
 class Viewer:
     """An attached viewer on node 0 (what ``forgelm-tui attach`` is, without a screen): every
-    node then writes its ranks' views and node 0 reads them (cluster/views.py)."""
+    node then writes its row, and its ranks' views when the viewer shows every node's ranks
+    (``rows_only`` false); node 0 reads them (cluster/views.py)."""
 
-    def __init__(self, slot: Path) -> None:
+    def __init__(self, slot: Path, rows_only: bool) -> None:
         from forgelm_tui.control.client import ControlClient, ControlError
 
         path = slot / "run" / "node-0" / "control.sock"
         self.client = ControlClient(path, output="tail")
+        if rows_only:
+            self.client.send("watch", nodes=[])  # a grouped TUI with no node opened
         self.items = 0
         self._error = ControlError
         self.thread = threading.Thread(target=self._read, daemon=True)
@@ -166,9 +171,9 @@ class Viewer:
 
 def run_one(nodes: int, ranks: int, window: float, settle: float, out: Path,
             node_timeout: float, launcher: str = "forgelm-tui",
-            viewer: bool = False) -> dict[str, Any]:
+            viewer: str | None = None) -> dict[str, Any]:
     procs, marks, port, join = launch(nodes, ranks, out, node_timeout, launcher)
-    watching = Viewer(marks.parent) if viewer else None
+    watching = Viewer(marks.parent, viewer == "rows") if viewer else None
     time.sleep(settle)  # past the join; the curves (metrics history) grow meanwhile
     port = store_port(launcher, port)
     bytes0, cpu0 = store_bytes(port), [cpu_seconds(p.pid) for p in procs]
@@ -186,7 +191,7 @@ def run_one(nodes: int, ranks: int, window: float, settle: float, out: Path,
     (marks / "stop").touch()
     codes = [p.wait(timeout=120) for p in procs]
     return {
-        "launcher": launcher + (" + viewer" if viewer else ""), "nodes": nodes,
+        "launcher": launcher + (f" + viewer ({viewer})" if viewer else ""), "nodes": nodes,
         "ranks_per_node": ranks, "world": nodes * ranks,
         "join_s": round(join, 2), "window_s": round(elapsed, 2), "connections": len(bytes1),
         "store_in_Bps": round(received / elapsed), "store_out_Bps": round(sent / elapsed),
@@ -318,9 +323,10 @@ def main() -> int:
                         help="seconds between every rank's start and the window")
     parser.add_argument("--launchers", default="forgelm-tui",
                         help="forgelm-tui, torchrun or both (forgelm-tui,torchrun)")
-    parser.add_argument("--viewer", action="store_true",
-                        help="forgelm-tui with a viewer attached to node 0 for the steady runs "
-                             "(every node then sends its ranks' views)")
+    parser.add_argument("--viewer", nargs="?", const="all", choices=("all", "rows"),
+                        help="forgelm-tui with a viewer attached to node 0 for the steady runs: "
+                             "all (the default) shows every node's ranks, rows the node rows "
+                             "only (a grouped TUI with no node opened)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "scale")
     opts = parser.parse_args()
     launchers = opts.launchers.split(",")
@@ -330,7 +336,7 @@ def main() -> int:
     for launcher in launchers:
         for nodes, ranks in shapes if opts.window > 0 else ():
             row = run_one(nodes, ranks, opts.window, opts.settle, opts.out, opts.node_timeout,
-                          launcher, opts.viewer and launcher == "forgelm-tui")
+                          launcher, opts.viewer if launcher == "forgelm-tui" else None)
             print(json.dumps(row), flush=True)
             rows.append(row)
     fails = []

@@ -5,12 +5,16 @@ test's time. The figures at 2-32 nodes are bench/scale.py's (bench/RESULTS.md)."
 
 from __future__ import annotations
 
+import threading
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 from cluster_nodes import no_orphans, same_envelopes, start_nodes, wait_all
 from conftest import wait_for
+
+from forgelm_tui.control.client import ControlClient, ControlError
+from forgelm_tui.engine import events as ev
 
 STEPPER = str(Path(__file__).parent.parent / "bench" / "ranks" / "stepper.py")
 NODES = 8
@@ -28,6 +32,7 @@ def test_eight_nodes_join_and_a_failure_on_the_last_stops_every_rank(tmp_path: P
         wait_for(lambda: len(list(marks.glob("ready-*"))) == NODES
                  or any(n.proc.poll() is not None for n in nodes), 90, "every rank to start")
         assert all(n.proc.poll() is None for n in nodes), [n.output() for n in nodes]
+        rows_and_one_opened_node(nodes[0].run_dir / "control.sock", opened=3)
         (marks / "fail").touch()  # the last rank (node 7's) exits 2 at once
         codes = wait_all(nodes, 60)
     finally:
@@ -54,3 +59,32 @@ def test_eight_nodes_join_and_a_failure_on_the_last_stops_every_rank(tmp_path: P
     for _, err in outputs:
         assert "Traceback" not in err
 
+
+
+def rows_and_one_opened_node(socket: Path, opened: int) -> None:
+    """A viewer attached to node 0 that opened one node (``watch``, docs/control.md): every
+    other node sends its row (its summary, no rank but those that need reading), the opened
+    one its ranks too (cluster/views.py), through the real store."""
+    client = ControlClient(socket, output="tail")
+    client.send("watch", nodes=[opened])
+    seen: dict[int, list[ev.NodeChanged]] = {}
+
+    def read() -> None:
+        try:
+            while True:
+                item = client.next_item()
+                if isinstance(item, ev.NodeChanged) and item.summary is not None:
+                    seen.setdefault(item.node_rank, []).append(item)
+        except (ControlError, OSError, ValueError):
+            return
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        wait_for(lambda: set(seen) == set(range(1, NODES)) and any(
+            c.complete and c.ranks for c in seen[opened]), 30, "every node's row, one's ranks")
+    finally:
+        client.close()
+    for node, changes in dict(seen).items():
+        assert all(c.summary is not None and c.summary.ranks == 1 for c in changes), node
+        if node != opened:  # a running rank needs no reading: a row alone
+            assert all(not c.complete and c.ranks == () for c in changes), (node, changes)

@@ -14,10 +14,12 @@ from conftest import FakeClock, rank_record
 from forgelm_tui.cluster.liveness import Liveness
 from forgelm_tui.cluster.store import BroadcastReader, ControlStore
 from forgelm_tui.cluster.summary import ClusterView, NodeBeat, summarise
-from forgelm_tui.cluster.traffic import Traffic
+from forgelm_tui.cluster.traffic import Poll, Traffic
 from forgelm_tui.cluster.views import ViewReader, ViewWriter
 from forgelm_tui.engine import events as ev
-from forgelm_tui.engine.events import NodeState
+from forgelm_tui.engine.codec import to_wire
+from forgelm_tui.engine.events import NodeState, RankState
+from forgelm_tui.engine.node_summary import EVERY_RANK, NOTHING, Watch
 from forgelm_tui.engine.records import RankRecord
 
 pytestmark = pytest.mark.timeout(30)
@@ -100,16 +102,17 @@ def records(count: int, metrics: int = 0, points: int = 0) -> list[RankRecord]:
 
 
 def beat(node: int, seq: int = 1, phase: NodeState = RUNNING, vseq: int = 0,
-         live: int = 2, age: float | None = 1.0) -> dict[str, Any]:
-    return NodeBeat(node, phase, live, age, {"0": (7, 8)}).wire(seq, f"host-{node}", vseq)
+         live: int = 2, age: float | None = 1.0, rseq: int = 0) -> dict[str, Any]:
+    return NodeBeat(node, phase, live, age, {"0": (7, 8)}).wire(seq, f"host-{node}", rseq, vseq)
 
 
 def cluster_store(nnodes: int, views: bool = False) -> FakeStore:
     """A store in a running cluster: every node's beat, node 0's summary, views if any."""
     store = FakeStore()
     for node in range(nnodes):
-        store.set(f"beat/{node}", beat(node, vseq=1 if views else 0))
+        store.set(f"beat/{node}", beat(node, rseq=1 if views else 0, vseq=1 if views else 0))
         if views:
+            store.set(f"row/{node}", {"type": "NodeChanged", "ranks": []})
             store.set(f"view/{node}", {"type": "NodeChanged", "ranks": []})
     liveness = Liveness(list(range(1, nnodes)), 10.0, 0.0)
     store.set("summary", summarise(1, NodeBeat(0, RUNNING, 1, 1.0, {}), liveness, 1.0, 0,
@@ -124,10 +127,10 @@ def cluster_store(nnodes: int, views: bool = False) -> FakeStore:
 @pytest.mark.parametrize("nnodes", [2, 16, 128])
 def test_a_headless_node_reads_only_node_0s_summary(nnodes: int) -> None:
     store = cluster_store(nnodes, views=True)
-    traffic = Traffic(nnodes - 1, nnodes, viewing=lambda: False)
+    traffic = Traffic(nnodes - 1, nnodes)
     for tick in range(4):
-        poll = traffic.poll(store, now=100.0 + tick, stop_known=False, kill_known=False)
-        assert poll.summary is not None and poll.beats == {} and poll.views == {}
+        got = poll(traffic, store, 100.0 + tick, known=False)
+        assert got.summary is not None and got.beats == {} and got.views == {}
     assert store.keys_read() == {"summary"}
     # one check before it first exists, then one read a tick: the same at 2 or 128 nodes
     assert store.calls == 5
@@ -137,12 +140,12 @@ def test_a_headless_node_reads_only_node_0s_summary(nnodes: int) -> None:
 
 def test_node_0_reads_every_beat_and_no_rank_details_while_nobody_views() -> None:
     store = cluster_store(8, views=True)
-    traffic = Traffic(0, 8, viewing=lambda: False)
-    poll = traffic.poll(store, now=100.0, stop_known=False, kill_known=False)
-    assert sorted(poll.beats) == list(range(1, 8)) and poll.viewers == 0
-    assert store.keys_read() == {"beat", "stop", "kill"}  # never view/ nor final/
+    traffic = Traffic(0, 8)
+    got = poll(traffic, store, 100.0, known=False)
+    assert sorted(got.beats) == list(range(1, 8)) and got.viewers == 0
+    assert store.keys_read() == {"beat", "stop", "kill"}  # never row/, view/ nor final/
     store.forget()
-    traffic.poll(store, now=100.5, stop_known=True, kill_known=True)
+    poll(traffic, store, 100.5)
     assert store.keys_read() == {"beat"} and store.calls == 2  # one multi-get, the viewers
 
 
@@ -171,7 +174,7 @@ def test_node_0s_summary_is_the_same_size_at_2_and_128_nodes() -> None:
 def test_a_stop_reaches_every_node_in_the_same_few_calls_whatever_the_nodes(nnodes: int) -> None:
     store = cluster_store(nnodes)
     stop = {"kind": "failure", "origin_node": nnodes - 1}
-    Traffic(nnodes - 1, nnodes, viewing=lambda: False).publish(store, "stop", stop)
+    Traffic(nnodes - 1, nnodes).publish(store, "stop", stop)
     # first writer wins, a numbered broadcast key, node 0's queue: 5 calls
     assert store.calls == 5
     readers = [BroadcastReader(store) for _ in range(3)]
@@ -182,8 +185,8 @@ def test_a_stop_reaches_every_node_in_the_same_few_calls_whatever_the_nodes(nnod
 
 def test_a_second_stop_is_not_broadcast() -> None:
     store = cluster_store(4)
-    Traffic(1, 4, viewing=lambda: False).publish(store, "stop", {"kind": "cancel"})
-    Traffic(2, 4, viewing=lambda: False).publish(store, "stop", {"kind": "failure"})
+    Traffic(1, 4).publish(store, "stop", {"kind": "cancel"})
+    Traffic(2, 4).publish(store, "stop", {"kind": "failure"})
     assert store.data["bcast/n"] == "1" and json.loads(store.data["stop"]) == {"kind": "cancel"}
 
 
@@ -202,64 +205,126 @@ def test_broadcasts_are_read_in_order_and_a_dead_writers_number_is_skipped() -> 
 # ---------------------------------------------------------------------- views
 
 
-def test_a_viewing_node_registers_and_reads_changed_views_at_most_once_a_second() -> None:
+def poll(traffic: Traffic, store: FakeStore, now: float, watch: Watch = NOTHING,
+         known: bool = True) -> Poll:
+    return traffic.poll(store, now, watch, stop_known=known, kill_known=known)
+
+
+def read_of(store: FakeStore, *kinds: str) -> list[str]:
+    return [key for key, _ in store.reads if key.split("/")[0] in kinds]
+
+
+def test_a_viewing_node_reads_the_view_of_the_nodes_it_opened_and_the_rows_of_the_others() -> None:
     store = cluster_store(4, views=True)
-    traffic = Traffic(2, 4, viewing=lambda: True)
-    poll = traffic.poll(store, now=100.0, stop_known=True, kill_known=True)
+    traffic, watch = Traffic(2, 4), Watch(True, frozenset({1}))
+    got = poll(traffic, store, 100.0, watch)
     assert store.data["viewers"] == "1"  # counted once, in node 0's next summary
-    assert sorted(poll.views) == [0, 1, 3]
+    assert store.data["watch/1"] == "1" and "watch/0" not in store.data
+    assert sorted(got.views) == [0, 1, 3]
+    assert read_of(store, "row", "view") == ["row/0", "view/1", "row/3"]
     store.forget()
-    assert traffic.poll(store, now=100.5, stop_known=True, kill_known=True).views == {}
+    assert poll(traffic, store, 100.5, watch).views == {}
     assert store.keys_read() == {"summary"}  # not due: no beat read either
-    store.set("beat/1", beat(1, seq=2, vseq=2))  # node 1's ranks changed
-    poll = traffic.poll(store, now=101.0, stop_known=True, kill_known=True)
-    assert list(poll.views) == [1] and poll.views[1][0] is RUNNING
-    assert [key for key, _ in store.reads if key.startswith("view/")] == ["view/1"]
+    store.set("beat/1", beat(1, seq=2, rseq=2, vseq=2))  # node 1's ranks changed
+    store.set("beat/3", beat(3, seq=2, rseq=2, vseq=1))  # node 3's row changed
+    got = poll(traffic, store, 101.0, watch)
+    assert sorted(got.views) == [1, 3] and got.views[1][0] is RUNNING
+    assert read_of(store, "row", "view") == ["view/1", "row/3"]
 
 
-def test_a_node_that_stops_viewing_is_uncounted() -> None:
-    store, viewing = cluster_store(3), [True]
-    traffic = Traffic(1, 3, viewing=lambda: viewing[0])
-    traffic.poll(store, now=100.0, stop_known=True, kill_known=True)
-    viewing[0] = False
-    traffic.poll(store, now=101.0, stop_known=True, kill_known=True)
-    assert store.data["viewers"] == "0"
+def test_a_node_closed_is_read_from_its_row_again_and_one_opened_from_its_next_view() -> None:
+    store = cluster_store(3, views=True)
+    traffic = Traffic(0, 3)
+    poll(traffic, store, 100.0, Watch(True, frozenset({1})))
+    store.forget()
+    poll(traffic, store, 101.0, Watch(True, frozenset({2})))  # 1 closed, 2 opened
+    assert store.data["watch/1"] == "0" and store.data["watch/2"] == "1"
+    assert read_of(store, "row", "view") == ["row/1"]  # node 2's old view is not read...
+    store.set("beat/2", beat(2, seq=2, rseq=1, vseq=2))  # ...its next one, written for it, is
+    store.forget()
+    poll(traffic, store, 102.0, Watch(True, frozenset({2})))
+    assert read_of(store, "row", "view") == ["view/2"]
 
 
-def test_a_view_is_written_when_wanted_due_and_changed() -> None:
+def test_a_node_that_stops_viewing_is_uncounted_everywhere() -> None:
+    store = cluster_store(3)
+    traffic = Traffic(1, 3)
+    poll(traffic, store, 100.0, EVERY_RANK)
+    assert store.data["watch/0"] == store.data["watch/2"] == "1"
+    poll(traffic, store, 101.0, NOTHING)
+    assert store.data["viewers"] == store.data["watch/0"] == store.data["watch/2"] == "0"
+
+
+def test_a_node_reads_who_opened_it_only_while_another_node_views_at_most_once_a_second() -> None:
+    store = cluster_store(3)
+    traffic = Traffic(2, 3)
+    assert poll(traffic, store, 100.0).watchers is None
+    assert "watch" not in store.keys_read() and store.calls == 2  # the summary, as before
+    summary = json.loads(store.data["summary"])
+    store.set("summary", {**summary, "seq": 2, "viewers": 1})
+    store.add("watch/2", 1)
+    assert poll(traffic, store, 101.0).watchers == 1
+    assert poll(traffic, store, 101.5).watchers is None  # read again a second later
+    assert poll(traffic, store, 102.0).watchers == 1
+
+
+def test_a_row_is_written_while_anyone_views_and_a_view_while_someone_opened_the_node() -> None:
     writer, ranks = ViewWriter(1, "h1"), records(2, metrics=1, points=3)
-    assert not writer.due(100.0, wanted=False)
-    assert writer.due(100.0, wanted=True) and writer.view(RUNNING, ranks) is not None
-    assert not writer.due(100.5, wanted=True)  # at most once a second
-    assert writer.due(101.0, wanted=True) and writer.view(RUNNING, ranks) is None  # unchanged
+    assert not writer.due(100.0, viewers=0)
+    assert writer.due(100.0, viewers=1)
+    assert [kind for kind, _ in writer.write(RUNNING, ranks, watchers=0)] == ["row"]
+    assert not writer.due(100.5, viewers=1)  # at most once a second
+    assert writer.due(101.0, viewers=1) and writer.write(RUNNING, ranks, watchers=0) == []
+    written = dict(writer.write(RUNNING, ranks, watchers=1))  # opened: its view, unchanged row
+    assert list(written) == ["view"] and (writer.rseq, writer.vseq) == (1, 1)
     ranks[0].step = 4
-    view = writer.view(RUNNING, ranks)
-    assert view is not None and writer.seq == 2
-    assert [s.step for s in ViewReader.ranks(view)] == [4, 3]
+    written = dict(writer.write(RUNNING, ranks, watchers=1))
+    assert list(written) == ["row", "view"] and writer.vseq == 2
+    view, row = ViewReader.decode(written["view"]), ViewReader.decode(written["row"])
+    assert view is not None and [s.step for s in view.ranks] == [4, 3] and view.complete
+    assert row is not None and row.ranks == () and not row.complete  # nobody to read
+    assert row.summary == view.summary and row.summary is not None
+    assert row.summary.slowest == (1, 3, None) and row.summary.count(RankState.RUNNING) == 2
 
 
+def test_a_row_is_the_same_size_for_8_ranks_or_64_and_carries_only_ranks_that_need_reading() -> (
+        None):
+    sizes = {}
+    for count in (8, 64):
+        ranks = records(count, metrics=12, points=200)
+        for record in ranks:
+            record.gpu = None
+        sizes[count] = len(json.dumps(ViewWriter(3, "gpu-node-003").write(RUNNING, ranks, 0)))
+    assert abs(sizes[8] - sizes[64]) <= 8 and sizes[64] < 1200, sizes
+    ranks = records(8)
+    ranks[5].mark_exit(2)
+    ((_, wire),) = ViewWriter(3, "h").write(RUNNING, ranks, 0)
+    row = ViewReader.decode(wire)
+    assert row is not None and [s.rank for s in row.ranks] == [5]
+    assert row.summary is not None and row.summary.exit_code == 2
 
-def test_a_view_carries_its_curves_for_a_new_viewer_and_every_30th_view_only() -> None:
+
+def test_a_view_carries_its_curves_for_a_newly_opened_node_and_every_30th_view_only() -> None:
     from forgelm_tui.cluster.views import CURVE_EVERY
 
     writer, ranks = ViewWriter(1, "h1"), records(2, metrics=1, points=200)
 
-    def curves(viewers: int) -> tuple[bool, int]:
+    def curves(watchers: int) -> tuple[bool, int]:
         ranks[0].step += 1  # a view only when something changed
-        view = writer.view(RUNNING, ranks, viewers)
+        view = ViewReader.decode(dict(writer.write(RUNNING, ranks, watchers)).get("view"))
         assert view is not None
-        return (all(s.metrics_history for s in ViewReader.ranks(view)), len(json.dumps(view)))
+        return (all(s.metrics_history for s in view.ranks), len(json.dumps(to_wire(view))))
 
-    with_curves, full = curves(1)  # a viewer came
+    with_curves, full = curves(1)  # a view opened it
     assert with_curves
     without = [curves(1) for _ in range(CURVE_EVERY)]
     assert not any(c for c, _ in without)
-    assert max(n for _, n in without) * 6 < full  # 905 B against 6,513
+    assert max(n for _, n in without) * 4 < full
     assert curves(1)[0]  # the 31st since the last with curves
     assert not curves(1)[0]
-    assert curves(2)[0]  # another viewer came
-    assert not curves(1)[0]  # one left: nobody new
-    assert not writer.due(500.0, wanted=False)  # then nobody views for a while...
+    assert curves(2)[0]  # another view opened it
+    assert not curves(1)[0]  # one closed it: nobody new
+    assert not writer.due(500.0, viewers=0)  # then nobody views for a while...
     assert curves(1)[0]  # ...and whoever comes next gets the curves
 
 
@@ -270,12 +335,12 @@ def test_a_viewer_grows_a_remote_ranks_curve_from_views_without_one() -> None:
     model = RunModel("r", ["x"], 4, clock)
     model.apply(ev.RunStarted("r", 4, ("x",), "/runs/x", 1000.0, 0, 2))
     writer, ranks = ViewWriter(1, "h1"), records(2, metrics=1, points=5)
-    for step, viewers in ((5, 1), (6, 1), (7, 1)):  # the first with curves, then without
+    for step in (5, 6, 7):  # the first with curves, then without
         for record in ranks:
             record.step, record.metrics = step, {"metric_0": 1.0 / (step + 1)}
-        view = writer.view(RUNNING, ranks, viewers)
+        view = ViewReader.decode(dict(writer.write(RUNNING, ranks, 1))["view"])
         assert view is not None
-        model.apply(ev.NodeChanged(1, "h1", RUNNING, ViewReader.ranks(view), clock()))
+        model.apply(view)
         clock.advance(1.0)
     curve = model.ranks[1].history.metrics.curve("metric_0")
     assert [step for step, _ in curve] == [0, 1, 2, 3, 4, 6, 7]  # 5 points sent, 2 grown
@@ -388,17 +453,18 @@ async def test_a_stall_declared_here_is_told_to_every_node_before_its_stacks_are
     assert other.sup.stop.reason == "stalled: no rank made progress for 4 s (on node 1)"
 
 
-async def test_the_inbox_and_ticker_take_the_joins_spares_before_making_a_connection(
-        tmp_path: Any) -> None:
-    link = _link(tmp_path, 1)
+def test_the_inbox_and_ticker_take_the_joins_spares_before_making_a_connection() -> None:
+    from forgelm_tui.cluster.store import Connections
+
     spares = [FakeStore(), FakeStore()]
     for spare in spares:
         spare.set_timeout = lambda seconds, s=spare: setattr(s, "timeout", seconds)  # type: ignore[method-assign]
-    link._spares = list(spares)
-    made: list[float] = []
-    link._connect = lambda wait: made.append(wait) or spares[0]
-    assert link._spare(1.0) is spares[1] and spares[1].timeout == 1.0
-    assert link._spare(2.0) is spares[0] and spares[0].timeout == 2.0
+    made: list[tuple[str, int, float]] = []
+    main = FakeStore()
+    main.client = lambda host, port, timeout: made.append((host, port, timeout)) or spares[0]  # type: ignore[method-assign]
+    connections = Connections(main, spares, "node0", 29400, 30.0)
+    assert connections.spare(1.0) is spares[1] and spares[1].timeout == 1.0
+    assert connections.spare(2.0) is spares[0] and spares[0].timeout == 2.0
     assert made == []  # no connection made while a spare was left
-    link._spare(2.0)
-    assert made == [2.0]  # then (a call timed out) a new one
+    connections.spare(2.0)
+    assert made == [("node0", 29400, 30.0)]  # then (a call timed out) a new one, to node 0

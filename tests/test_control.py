@@ -319,3 +319,38 @@ def test_a_late_viewer_gets_every_other_node_as_last_shown() -> None:
         dataclasses.replace(rank, step=8),), 5.0))  # a view without its curve
     kept = from_wire(json.loads(server.snapshot_lines()[1])["event"])
     assert [(r.step, r.metrics_history) for r in kept.ranks] == [(8, curve)]
+
+
+def test_a_viewer_says_which_nodes_it_shows_and_the_run_views_their_union() -> None:
+    """``watch`` (docs/control.md): the nodes whose ranks an attached viewer shows; a viewer
+    that never says shows every node's (an older viewer). Bad input gets an error line."""
+    import json
+
+    from forgelm_tui.control.server import ControlServer, Viewer
+    from forgelm_tui.engine.node_summary import NOTHING, Watch
+
+    class Session:
+        run_id = "r"
+
+        def snapshot(self) -> ev.RunSnapshot:
+            return ev.RunSnapshot("r", 4, ("x",), "/runs/x", 1.0, ())
+
+        def subscribe(self, listener: object) -> None:
+            pass
+
+    server = ControlServer(Session())  # type: ignore[arg-type]
+    assert server.watching() == NOTHING
+    one, two = Viewer(server, None, 1, 0), Viewer(server, None, 2, 0)  # type: ignore[arg-type]
+    server.viewers.update({one, two})
+    assert server.watching() == Watch(True, None)
+    for viewer, nodes in ((one, [3]), (two, [5, 3])):
+        server._command(viewer, json.dumps({"type": "watch", "nodes": nodes}).encode())
+    assert server.watching() == Watch(True, frozenset({3, 5}))
+    assert json.loads(two.queue[-1]) == {"type": "ack", "command": "watch",
+                                         "effect": "2 node(s)"}
+    for bad in ("3", [-1], [True], ["a"], list(range(5000))):
+        server._command(one, json.dumps({"type": "watch", "nodes": bad}).encode())
+        assert json.loads(one.queue[-1])["type"] == "error", bad
+    assert server.watching() == Watch(True, frozenset({3, 5}))  # unchanged by bad input
+    server._command(one, json.dumps({"type": "watch", "nodes": None}).encode())
+    assert server.watching() == Watch(True, None)

@@ -161,7 +161,7 @@ def test_a_node_row_counts_states_and_names_the_slowest_and_the_longest_wait() -
                                      "", None, step, 10, {}, None, {})), T0))
         clock.advance(4)
     view = groups.group_rows(model, set())[1][0]
-    assert view.slowest() is not None and view.slowest().rank == 2  # type: ignore[union-attr]
+    assert view.summary.slowest is not None and view.summary.slowest[0] == 2
     assert groups.progress_text(view) == "5/10 ·8s"  # rank 2 stood at step 5 for 8 s
     assert groups.state_cell(view, {"running": "green"}) == ("2 running", "green")
     model.apply(ev.NodeChanged(1, "b", ev.NodeState.RUNNING, (
@@ -194,3 +194,43 @@ def test_a_node_row_counts_its_gpus_averages_their_use_and_shows_its_fullest_ran
     text, _ = view.gpu["gpu_mem"]
     assert text.endswith("34.0/80.0G")  # rank 1's 34 GiB: the fuller of the two
     assert groups.group_rows(model, set())[1][0].gpu["gpu"] == ("-", "")  # node 1: no sample
+
+
+def test_a_node_known_by_its_summary_shows_it_and_only_its_ranks_that_need_reading() -> None:
+    """A node no view here opened sends its row only (cluster/views.py): its cells come from
+    its own summary, grown by the time since it came; its failed rank still shows under it."""
+    from forgelm_tui.engine.node_summary import RankFacts, summarise
+
+    model = _model()
+    clock = model.clock
+    assert isinstance(clock, FakeClock)
+    failed = _snap(3, 1, RankState.FAILED, code=2)
+    summary = summarise([RankFacts(2, RankState.RUNNING, True, 40, 100, step_age=3.0,
+                                   output_age=1.0),
+                         RankFacts(3, RankState.FAILED, False, 41, 100, exit_code=2)])
+    model.apply(ev.NodeChanged(1, "b", ev.NodeState.RUNNING, (failed,), T0, summary, False))
+    clock.advance(4.0)
+    view, under = groups.group_rows(model, set())[1]
+    assert [r.rank for r in under] == [3]
+    assert groups.state_cell(view, {"failed": "bold red"}) == ("1 run 1 fail", "bold red")
+    assert groups.progress_text(view) == "40/100 ·7s"  # 3 s when sent, 4 s since
+    assert groups.output_age(view) == ("5s", "")
+    assert groups.exit_cell(view) == ("2 TRAINING_ERROR", "bold red")
+    assert groups.bar_of(view) == ("0.4000", "")
+    assert model.ranks[2].state is RankState.STARTING  # its details never came: not made up
+
+
+async def test_the_table_shows_every_nodes_ranks_or_those_it_opened_and_the_app_says_so() -> None:
+    from forgelm_tui.engine.node_summary import Watch
+
+    app, _, prepare = scripted_app("nodes")
+    async with app.run_test(size=SMALL) as pilot:
+        await prepare(pilot)
+        assert app.watching() == Watch(True, frozenset())  # grouped, nothing opened
+        await open_row(pilot, app, "n3")
+        app.refresh_table()
+        assert app.watching() == Watch(True, frozenset({3}))
+    app, _, prepare = scripted_app("nodes")
+    async with app.run_test(size=(120, 140)) as pilot:
+        await prepare(pilot)
+        assert app.watching() == Watch(True, None)  # every rank listed: every node

@@ -8,7 +8,8 @@ Three threads, each with its own store connection (all made while joining: clust
   behind a heartbeat; the *ticker* writes this node's heartbeat (node 0's summary too, rank
   details while someone views them) and reads what this node needs: node 0 every heartbeat
   and final, any other node node 0's summary only (cluster/summary.py); rank details
-  (``view/<i>``) only a node that shows them, at most once a second, only when changed.
+  (``row/<i>``, ``view/<i>``) only a node that shows them, at most once a second, only when
+  changed (cluster/views.py).
 What they learn is posted to the event loop, where all decisions are taken: a remote stop is
 the engine's stop command, a silent node a ``node_lost`` stop, remote ranks ``NodeChanged``.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import queue
 import socket
 import threading
@@ -26,13 +28,20 @@ from typing import Any
 
 from forgelm_tui.cluster.join import ClusterConfig, Membership
 from forgelm_tui.cluster.liveness import Liveness
-from forgelm_tui.cluster.store import BroadcastReader, ControlStore, StoreLost, StoreTimeout
+from forgelm_tui.cluster.store import (
+    BroadcastReader,
+    Connections,
+    ControlStore,
+    StoreLost,
+    StoreTimeout,
+)
 from forgelm_tui.cluster.summary import ClusterView, LinkPeers, NodeBeat, summarise
 from forgelm_tui.cluster.traffic import Poll, Traffic
 from forgelm_tui.cluster.views import ViewReader, ViewWriter
 from forgelm_tui.cluster.wire import stall_to_wire, stop_from_wire, stop_to_wire
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.events import NodeState
+from forgelm_tui.engine.node_summary import NOTHING, Watch
 from forgelm_tui.engine.records import StopRecord
 from forgelm_tui.engine.supervisor import Supervisor
 from forgelm_tui.verdict import StopKind
@@ -44,7 +53,7 @@ TICK_WAIT = 2.0  # one call of the ticker's connection (a fresh one after a call
 class NodeLink:
     def __init__(self, supervisor: Supervisor, membership: Membership, config: ClusterConfig,
                  store: ControlStore, peers: LinkPeers,
-                 viewing: Callable[[], bool] = lambda: False,
+                 watching: Callable[[], Watch] = lambda: NOTHING,
                  spares: Sequence[ControlStore] = ()) -> None:
         self.sup = supervisor
         self.me = membership.node_rank
@@ -53,7 +62,10 @@ class NodeLink:
         self.config = config
         self.store = store
         store.set_timeout(TICK_WAIT)  # the join's connection, the publisher's from now on
-        self._spares = list(spares)  # made while joining: the inbox's, the ticker's
+        # made while joining: the inbox's, the ticker's; then new ones (a call timed out)
+        self._connections = Connections(store, spares, "127.0.0.1" if self.me == 0
+                                        else config.store_host, config.store_port,
+                                        config.node_timeout)
         self.host = socket.gethostname()
         self.interval = min(0.5, max(0.05, config.node_timeout / 10))
         others = [n for n in range(self.nnodes) if n != self.me]
@@ -62,10 +74,12 @@ class NodeLink:
         self.liveness = Liveness(others if self.me == 0 else [], config.node_timeout, now)
         self.cluster = None if self.me == 0 else ClusterView(self.me, config.node_timeout, now)
         peers.source = self.liveness if self.cluster is None else self.cluster
-        self.viewing = viewing
+        self.watching = watching
+        self.watch = NOTHING  # what it returned last (the ticker reads this reference)
         self.views = ViewWriter(self.me, self.host)
-        self.traffic = Traffic(self.me, self.nnodes, viewing)  # ticker thread only
+        self.traffic = Traffic(self.me, self.nnodes)  # ticker thread only
         self.viewers = 0  # node 0: nodes that show rank details (the store's counter)
+        self.watchers = 0  # views on other nodes that opened this one (``watch/<i>``)
         self.finals: dict[int, dict[str, Any]] = {}
         self.store_lost: str | None = None
         self.agreed_stop: dict[str, Any] | None = None
@@ -81,8 +95,8 @@ class NodeLink:
         self._kill_seen = False
         self._failure_told = False
         self._beat_handle: asyncio.TimerHandle | None = None
-        self._next: tuple[NodeBeat, int, dict[str, Any] | None] = (
-            NodeBeat(self.me, NodeState.RUNNING, 0, None, {}), 0, None)
+        self._next: tuple[NodeBeat, tuple[int, int], dict[str, Any] | None] = (
+            NodeBeat(self.me, NodeState.RUNNING, 0, None, {}), (0, 0), None)
         self.failure_seen: float | None = None  # when this node first knew of a failure stop
 
     # ------------------------------------------------------------------ lifetime
@@ -144,41 +158,38 @@ class NodeLink:
         records = list(self.sup.records.values())
         now = time.monotonic()
         own = NodeBeat.of(self.me, self._phase, records, now)
-        if self.views.due(now, self._views_wanted()):
-            view = self.views.view(self._phase, records, self._viewers())
-            if view is not None:
-                self._commands.put(("view", view))
+        self.watch = self.watching()  # on the loop: the views' state is the loop's
+        if self.views.due(now, self._viewers()):
+            for kind, wire in self.views.write(self._phase, records, self.watchers):
+                self._commands.put((kind, wire))
         summary = None
         if self.cluster is None:
             summary = {**summarise(0, own, self.liveness, now, self.viewers,
                                    stop=self.agreed_stop is not None, kill=self._kill_seen),
                        "host": self.host}
-        self._next = (own, self.views.seq, summary)  # one reference: the ticker reads it whole
+        self._next = (own, (self.views.rseq, self.views.vseq), summary)  # read whole
         if reschedule and not self._closed.is_set():
             self._beat_handle = self.loop.call_later(self.interval, self._beat)
 
     def _tick(self, store: ControlStore) -> None:
         """The ticker thread: this node's heartbeat (node 0's summary too), then its reads."""
-        own, vseq, summary = self._next
+        own, counters, summary = self._next
         self._seq += 1
-        self.traffic.publish(store, "beat", own.wire(self._seq, self.host, vseq))
+        self.traffic.publish(store, "beat", own.wire(self._seq, self.host, *counters))
         if summary is not None:
             self.traffic.publish(store, "summary", {**summary, "seq": self._seq})
         self._poll(store)
 
     def _poll(self, store: ControlStore) -> None:
         self._post(self._on_poll, self.traffic.poll(
-            store, time.monotonic(), stop_known=self.agreed_stop is not None,
+            store, time.monotonic(), self.watch, stop_known=self.agreed_stop is not None,
             kill_known=self._kill_seen))
 
     def _viewers(self) -> int:
         """Nodes other than this one that show rank details (a node counts itself while it
         views; the count is node 0's, a tick or two old)."""
         viewers = self.viewers if self.cluster is None else self.cluster.viewers
-        return viewers - (1 if self.viewing() else 0)
-
-    def _views_wanted(self) -> bool:
-        return self._viewers() > 0
+        return viewers - (1 if self.watch.viewing else 0)
 
     # ------------------------------------------------------------------ loop side: in
 
@@ -220,6 +231,8 @@ class NodeLink:
             self._on_beats(poll)
         else:
             self._on_summary(poll)
+        if poll.watchers is not None:
+            self.watchers = poll.watchers
         for node, (state, view) in poll.views.items():
             self._show(node, state, view)
 
@@ -268,8 +281,9 @@ class NodeLink:
             host = self.liveness.peers[node].host or host
         elif node == 0 and self.cluster is not None:
             host = self.cluster.host or host
-        ranks = ViewReader.ranks(view) if view is not None else ()
-        self.sup.emit(ev.NodeChanged(node, host, state, ranks, time.time()))
+        got = ViewReader.decode(view)  # None: its state alone changed
+        self.sup.emit(ev.NodeChanged(node, host, state, (), time.time()) if got is None else
+                      dataclasses.replace(got, host=host or got.host, state=state, at=time.time()))
 
     def _node_lost(self, node: int, reason: str) -> None:
         self._show(node, NodeState.LOST)
@@ -307,7 +321,7 @@ class NodeLink:
 
     def _inbox_thread(self) -> None:
         try:
-            inbox = self._spare(INBOX_WAIT)
+            inbox = self._connections.spare(INBOX_WAIT)
         except (StoreLost, StoreTimeout) as exc:
             self._post(self._store_gone, str(exc))
             return
@@ -344,7 +358,7 @@ class NodeLink:
             if kind == "tick":
                 next_tick = time.monotonic() + self.interval
             try:
-                store = store or self._spare(TICK_WAIT)
+                store = store or self._connections.spare(TICK_WAIT)
                 if kind == "tick":
                     self._tick(store)
                 elif kind == "final-of":
@@ -382,19 +396,4 @@ class NodeLink:
                     if time.monotonic() - answered >= self.config.node_timeout:
                         return self._post(self._store_gone, str(exc))
                     with contextlib.suppress(StoreLost, StoreTimeout):
-                        store = self._connect(TICK_WAIT)
-
-    def _spare(self, call_wait: float) -> ControlStore:
-        """A connection made while joining (Joiner.spares), else a new one."""
-        if not self._spares:
-            return self._connect(call_wait)
-        spare = self._spares.pop()  # atomic: the inbox and the ticker take theirs at once
-        spare.set_timeout(call_wait)
-        return spare
-
-    def _connect(self, call_wait: float) -> ControlStore:
-        """Another connection (a call timed out): up to the node timeout to make; node 0's."""
-        host = "127.0.0.1" if self.me == 0 else self.config.store_host
-        store = self.store.client(host, self.config.store_port, self.config.node_timeout)
-        store.set_timeout(call_wait)
-        return store
+                        store = self._connections.connect(TICK_WAIT)

@@ -17,6 +17,7 @@ from forgelm_tui.cluster.join import JoinCancelled, Joiner, JoinRefused, Members
 from forgelm_tui.cluster.link import NodeLink
 from forgelm_tui.cluster.store import ControlStore, StoreLost, StoreTimeout
 from forgelm_tui.cluster.summary import LinkPeers
+from forgelm_tui.cluster.views import node_changed
 from forgelm_tui.cluster.wire import ending_to_wire, stop_from_wire, stop_to_wire
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.codec import DecodeError, decode, encode, to_wire
@@ -91,7 +92,7 @@ class NodeRun:
         assert joiner.store is not None
         hooks = self.session.hooks
         self.link = NodeLink(self.sup, membership, self.config, joiner.store, self.peers,
-                             viewing=lambda: hooks.viewing(), spares=joiner.spares)
+                             watching=lambda: hooks.watching(), spares=joiner.spares)
         self.link.start(loop)
 
     def _settle(self, membership: Membership) -> str | None:
@@ -127,9 +128,8 @@ class NodeRun:
         host = socket.gethostname()
         outcome = report.node_outcome(provisional=False, where=(
             host, os.getpid(), str(self.session.plan.spec.run_dir)))
-        view = ev.NodeChanged(self.session.plan.spec.node_rank, host,
-                              NodeState.DONE, tuple(r.snapshot() for r in sup.records.values()),
-                              time.time())
+        view = node_changed(self.session.plan.spec.node_rank, host, NodeState.DONE,
+                            sup.records.values())
         self.own_final = {
             "outcome": encode(outcome),
             "endings": [ending_to_wire(e) for e in report.endings()],

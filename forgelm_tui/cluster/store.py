@@ -183,6 +183,30 @@ class ControlStore:
         self._raw = None
 
 
+class Connections:
+    """A node's connections to node 0's store: those made while joining (cluster/join.py's
+    spares), then new ones (a call timed out, its late answer would be read as the next's)."""
+
+    def __init__(self, store: ControlStore, spares: Sequence[ControlStore], host: str,
+                 port: int, timeout: float) -> None:
+        self.store, self.host, self.port, self.timeout = store, host, port, timeout
+        self._spares = list(spares)
+
+    def spare(self, call_wait: float) -> ControlStore:
+        """A connection made while joining, else a new one."""
+        if not self._spares:
+            return self.connect(call_wait)
+        spare = self._spares.pop()  # atomic: the inbox and the ticker take theirs at once
+        spare.set_timeout(call_wait)
+        return spare
+
+    def connect(self, call_wait: float) -> ControlStore:
+        """Another connection: up to the node timeout to make."""
+        store = self.store.client(self.host, self.port, self.timeout)
+        store.set_timeout(call_wait)
+        return store
+
+
 class BroadcastReader:
     """Reads the broadcasts in order, each once, on its own connection (it blocks)."""
 

@@ -51,11 +51,12 @@ class NodeBeat:
         ages = [r.progress_age(now) for r in live]
         return cls(node, state, len(live), min(ages) if ages else None, hang.bounds(live))
 
-    def wire(self, seq: int, host: str, vseq: int) -> dict[str, Any]:
-        """``beat/<i>``: ``vseq`` counts the node's views (cluster/views.py)."""
+    def wire(self, seq: int, host: str, rseq: int = 0, vseq: int = 0) -> dict[str, Any]:
+        """``beat/<i>``: ``rseq`` and ``vseq`` count the node's rows and views
+        (cluster/views.py)."""
         return {"seq": seq, "phase": self.state.value, "host": host, "live": self.live,
                 "progress_age": self.progress_age, "collectives": hang.to_wire(self.collectives),
-                "vseq": vseq}
+                "rseq": rseq, "vseq": vseq}
 
 
 def summarise(seq: int, own: NodeBeat, liveness: Liveness, now: float, viewers: int,

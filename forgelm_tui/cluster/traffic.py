@@ -7,18 +7,20 @@ fake store (docs/multinode.md, "What it costs").
   summary (cluster/summary.py); every other node reads that summary only;
 - a stop or an escalation is written once (first writer wins) and broadcast: two more calls,
   whatever the number of nodes (and a push to node 0's queue from any other node);
-- rank details only while some node shows them (cluster/views.py).
+- rank details only while some node shows them: rows while any node views, a node's ranks
+  while a view opened it (cluster/views.py); a node reads who opened it (``watch/<i>``) only
+  while some node views.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from forgelm_tui.cluster.store import ControlStore
-from forgelm_tui.cluster.views import ViewReader
+from forgelm_tui.cluster.views import VIEW_EVERY, ViewReader
 from forgelm_tui.engine.events import NodeState
+from forgelm_tui.engine.node_summary import Watch
 
 Wire = dict[str, Any]
 
@@ -33,19 +35,20 @@ class Poll:
     stop: Wire | None = None  # the agreed stop, when this node did not know it
     kill: Wire | None = None
     viewers: int = 0  # node 0: nodes that show rank details
-    views: dict[int, tuple[NodeState, Wire]] = field(default_factory=dict)
+    watchers: int | None = None  # views that opened this node (None: not read this time)
+    views: dict[int, tuple[NodeState, Wire]] = field(default_factory=dict)  # rows and views
 
 
 class Traffic:
-    def __init__(self, me: int, nnodes: int, viewing: Callable[[], bool]) -> None:
+    def __init__(self, me: int, nnodes: int) -> None:
         self.me = me
-        self.viewing = viewing
         self.reader = ViewReader(n for n in range(nnodes) if n != me)
         self.finals_due: set[int] = set()  # announced (node 0), not read yet
         self._finals_read: set[int] = set()
         self._beating: set[int] = set()  # nodes whose heartbeat key exists
         self._summary_seen = False
         self._registered = False  # counted in the store's viewers
+        self._watchers_at = float("-inf")  # when this node last read who opened it
 
     # ------------------------------------------------------------------ writes
 
@@ -54,8 +57,8 @@ class Traffic:
             store.set(f"beat/{self.me}", payload)
         elif kind == "summary":
             store.set("summary", payload)
-        elif kind == "view":
-            store.set(f"view/{self.me}", payload)
+        elif kind in ("row", "view"):
+            store.set(f"{kind}/{self.me}", payload)
         elif kind == "final":
             store.set(f"final/{self.me}", payload)
             store.push("inbox/0", {"kind": "final", "node": self.me})  # node 0 reads it now
@@ -69,21 +72,34 @@ class Traffic:
 
     # ------------------------------------------------------------------ reads
 
-    def poll(self, store: ControlStore, now: float, stop_known: bool, kill_known: bool) -> Poll:
-        viewing = self.viewing()
-        if viewing != self._registered:  # counted in node 0's summary: others send details
-            store.add("viewers", 1 if viewing else -1)
-            self._registered = viewing
-            self.reader.reset()
+    def poll(self, store: ControlStore, now: float, watch: Watch, stop_known: bool,
+             kill_known: bool) -> Poll:
+        """``watch``: what the views on this node show (cluster/views.py)."""
+        self._register(store, watch)
         if self.me == 0:
             poll = self._beats(store, stop_known, kill_known)
-            if viewing and self.reader.due(now):
-                poll.views = self._views(store, poll.beats)
-            return poll
-        poll = self._summary(store, stop_known, kill_known)
-        if viewing and self.reader.due(now):
-            poll.views = self._views(store, self._read_beats(store))
+            viewers = poll.viewers
+        else:
+            poll = self._summary(store, stop_known, kill_known)
+            viewers = int((poll.summary or {}).get("viewers", 0))
+        if viewers - watch.viewing > 0 and now - self._watchers_at >= VIEW_EVERY:
+            self._watchers_at = now  # someone else views: who opened this node
+            poll.watchers = store.add(f"watch/{self.me}", 0)
+        if watch.viewing and self.reader.due(now):
+            poll.views = self._views(store, poll.beats if self.me == 0 else self._read_beats(store))
         return poll
+
+    def _register(self, store: ControlStore, watch: Watch) -> None:
+        """Count this node in the store's viewers while it views (node 0's summary tells every
+        node: they write their rows), and in ``watch/<n>`` of each node it opened."""
+        if watch.viewing != self._registered:
+            store.add("viewers", 1 if watch.viewing else -1)
+            self._registered = watch.viewing
+            self.reader.reset()
+        opened = watch.opened(self.reader.nodes)
+        for node in sorted(opened ^ self.reader.opened):
+            store.add(f"watch/{node}", 1 if node in opened else -1)
+        self.reader.open(opened)
 
     def _beats(self, store: ControlStore, stop_known: bool, kill_known: bool) -> Poll:
         """Node 0: every heartbeat, the finals announced (or shown done in a heartbeat), the
@@ -124,8 +140,10 @@ class Traffic:
 
     def _views(self, store: ControlStore,
                beats: dict[int, Wire]) -> dict[int, tuple[NodeState, Wire]]:
-        changed = self.reader.changed(beats)
-        if not changed:
+        """The views of the opened nodes and the rows of the others, where their counter moved."""
+        due = self.reader.changed(beats)
+        if not due:
             return {}
-        views = store.many([f"view/{n}" for n in changed])
-        return self.reader.states(dict(zip(changed, views, strict=True)), beats)
+        read = store.many([f"{kind}/{node}" for kind, node in due])
+        return self.reader.states({node: wire for (_, node), wire in zip(due, read, strict=True)},
+                                  beats)

@@ -32,6 +32,7 @@ from forgelm_tui.control.tails import TICK, OutputTails
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.codec import to_wire
 from forgelm_tui.engine.controls import Controls
+from forgelm_tui.engine.node_summary import EVERY_RANK, NOTHING, Watch
 from forgelm_tui.engine.records import CancelSource
 from forgelm_tui.signames import signal_name, signal_number
 
@@ -39,6 +40,7 @@ MAX_QUEUED_BYTES = 4 << 20  # per viewer; past it the viewer is resynchronised
 MAX_RESYNCS = 3  # ...and past this many resyncs in a row without catching up, dropped
 MAX_COMMAND_BYTES = 64 << 10
 FLUSH_WAIT = 1.0  # at the end, how long viewers get to read the last events
+MAX_WATCHED = 4096  # nodes one ``watch`` may name
 # Events that do not wait for output tails to go first (periodic; their order against output
 # tells a viewer nothing). Any other event sends the pending tails before it.
 BESIDE_OUTPUT = (ev.RankSampled, ev.RankProgressed, ev.RankEvidenceChanged)
@@ -86,6 +88,7 @@ class Viewer:
         self.behind = False
         self.closed = False
         self.tail = False  # it asked for output tails in its hello (docs/control.md)
+        self.watch = EVERY_RANK  # what it shows of other nodes, as it last said (``watch``)
         self.wake = asyncio.Event()
 
     def offer(self, data: bytes) -> None:
@@ -161,6 +164,13 @@ class ControlServer:
         self.tails = OutputTails()
         self._tick: asyncio.TimerHandle | None = None
         self.nodes: dict[int, ev.NodeChanged] = {}  # other nodes, as last shown (multi-node)
+
+    def watching(self) -> Watch:
+        """What the attached viewers show of other nodes, together."""
+        watch = NOTHING
+        for viewer in self.viewers:
+            watch = watch | viewer.watch
+        return watch
 
     def on_event(self, event: ev.Event) -> None:
         if isinstance(event, ev.NodeChanged):  # for a viewer that attaches later
@@ -303,10 +313,27 @@ class ControlServer:
             effect = f"forwarded {signal_name(sig)}"
         elif kind == "stacks":
             effect = "capturing" if self.session.request_stacks(origin) else "busy"
+        elif kind == "watch":
+            watch = _watch(message.get("nodes"))
+            if watch is None:
+                viewer.offer(line({"type": "error", "message": "nodes: a list of node ranks"}))
+                return
+            viewer.watch = watch
+            effect = "every node" if watch.nodes is None else f"{len(watch.nodes)} node(s)"
         else:
             viewer.offer(line({"type": "error", "message": f"unknown command {kind!r}"}))
             return
         viewer.offer(line({"type": "ack", "command": kind, "effect": effect}))
+
+
+def _watch(nodes: Any) -> Watch | None:
+    """A viewer's ``watch``: the nodes whose ranks it shows (null: every node)."""
+    if nodes is None:
+        return EVERY_RANK
+    if not isinstance(nodes, list) or len(nodes) > MAX_WATCHED or not all(
+            isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in nodes):
+        return None
+    return Watch(True, frozenset(nodes))
 
 
 def _kept(event: ev.NodeChanged, last: ev.NodeChanged | None) -> ev.NodeChanged:
@@ -314,8 +341,9 @@ def _kept(event: ev.NodeChanged, last: ev.NodeChanged | None) -> ev.NodeChanged:
     whose view came without its curve (cluster/views.py) keeps the last one seen."""
     if last is None:
         return event
-    if not event.ranks:
-        return dataclasses.replace(event, host=event.host or last.host, ranks=last.ranks)
+    if not event.ranks and event.summary is None:  # its state alone changed
+        return dataclasses.replace(event, host=event.host or last.host, ranks=last.ranks,
+                                   summary=last.summary, complete=last.complete)
     curves = {r.rank: r.metrics_history for r in last.ranks}
     return dataclasses.replace(event, ranks=tuple(
         r if r.metrics_history else dataclasses.replace(r, metrics_history=curves.get(r.rank, ()))

@@ -17,6 +17,7 @@ from forgelm_tui.engine.gpu_events import GpuDevice as GpuDevice  # re-exported:
 from forgelm_tui.engine.gpu_events import GpuSampled as GpuSampled  # is an events.X
 from forgelm_tui.engine.gpu_events import RankGpu as RankGpu
 from forgelm_tui.engine.history import MetricSeries
+from forgelm_tui.engine.node_summary import NodeSummary as NodeSummary  # re-exported
 from forgelm_tui.engine.sanitize import sanitize_block, sanitize_line
 from forgelm_tui.engine.states import ProgressEvidence as ProgressEvidence  # re-exported
 from forgelm_tui.engine.states import ProgressSource as ProgressSource
@@ -361,6 +362,10 @@ class NodeChanged:
     state: NodeState
     ranks: tuple[RankSnapshot, ...]
     at: float
+    # Its ranks summed up (its row in a grouped view); ``complete``: ``ranks`` holds every rank
+    # of it, else only those that need reading (a node no view opened: cluster/views.py).
+    summary: NodeSummary | None = None
+    complete: bool = True
 
 
 Event = (

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from forgelm_tui.engine.node_summary import NOTHING, Watch
 from forgelm_tui.engine.records import CancelSource
 
 
@@ -19,6 +20,6 @@ class Hooks:
     local_done: Callable[[], None] = lambda: None
     # A view that knows the terminal may name what a SIGHUP stood for (a closed terminal).
     hangup_origin: Callable[[], tuple[CancelSource, str] | None] = lambda: None
-    # Multi-node: whether a view here shows other nodes' ranks (the TUI, an attached viewer):
-    # only then do they send their details (cluster/views.py).
-    viewing: Callable[[], bool] = lambda: False
+    # Multi-node: what the views here show of other nodes (the TUI, attached viewers): their
+    # rows, and the ranks of the nodes they opened; only those travel (cluster/views.py).
+    watching: Callable[[], Watch] = lambda: NOTHING

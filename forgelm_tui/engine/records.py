@@ -26,6 +26,7 @@ from forgelm_tui.engine.events import (
 )
 from forgelm_tui.engine.history import MetricsHistory
 from forgelm_tui.engine.logfile import LogLoss
+from forgelm_tui.engine.node_summary import RankFacts
 from forgelm_tui.engine.signal_inbox import Sender
 from forgelm_tui.engine.spec import LaunchSpec
 from forgelm_tui.verdict import RankEnding, StopKind
@@ -130,6 +131,7 @@ class RankRecord:
     gap_since: float | None = None
     behind: bool = False
     last_strong_mono: float | None = None  # its last step, heartbeat or completed collective
+    stepped_mono: float | None = None  # when its step last moved
 
     @property
     def alive(self) -> bool:
@@ -181,6 +183,8 @@ class RankRecord:
         rank that prints is not kept alive by a busy background thread. Once a rank's step
         reaches its total its training loop is over: its output counts again (never its CPU).
         """
+        if evidence is Evidence.STEP:
+            self.stepped_mono = now
         level = _LEVEL.get(evidence)
         if level is not None and _STRENGTH[level] > _STRENGTH[self.progress_evidence]:
             self.progress_evidence = level
@@ -204,6 +208,15 @@ class RankRecord:
 
     def output_age(self, now: float) -> float | None:
         return ages.output_age(now, self.last_output_mono, self.started_mono, self.ended_mono)
+
+    def facts(self, now: float) -> RankFacts:
+        """What its node's row counts of it (engine/node_summary.py); ``now``: monotonic."""
+        stop = next((s.signal for s in reversed(self.signals_sent) if s.purpose.stops), None)
+        return RankFacts(
+            self.rank, self.state, self.alive, self.step, self.total,
+            step_age=None if self.stepped_mono is None else max(0.0, now - self.stepped_mono),
+            output_age=self.output_age(now), exit_code=self.exit_code, stop_signal=stop,
+            gpu=self.gpu)
 
     @property
     def steps_done(self) -> bool:

@@ -154,10 +154,11 @@ class Session:
     @contextlib.asynccontextmanager
     async def serving(self) -> AsyncIterator[None]:
         """Attach (SPEC §9) while the block runs; this node views other nodes' ranks while
-        its view is the TUI or a viewer is attached (cluster/views.py)."""
+        its view is the TUI or a viewer is attached: their rows, and the ranks of the nodes they
+        opened (cluster/views.py)."""
         async with serving(self, lambda: self.plan.spec.run_dir, self._node_rank) as server:
-            tui = self.plan.view == "tui"
-            self.hooks.viewing = lambda: tui or bool(server.viewers)
+            view = self.hooks.watching  # the TUI's (tui/launch.py); nothing headless
+            self.hooks.watching = lambda: view() | server.watching()
             yield
 
     async def run_attempts(self) -> None:

@@ -24,6 +24,7 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import DataTable, Static
 
 from forgelm_tui.engine import events as ev
+from forgelm_tui.engine.node_summary import EVERY_RANK, Watch
 from forgelm_tui.engine.records import CancelSource
 from forgelm_tui.session.ending import RunEnding
 from forgelm_tui.signames import signal_name, signal_number
@@ -101,6 +102,7 @@ class SupervisorApp(StacksActions):
         self.saved_to: str | None = None
         self.terminal = Terminal(terminal_fd, before_hard_exit)
         self._table_due = False
+        self._watch = EVERY_RANK  # what it shows of other nodes (watching)
         self._log_title_extra = ""
         run.subscribe(follow_attempts(self.model))
         run.subscribe(self._on_lifecycle)
@@ -190,6 +192,10 @@ class SupervisorApp(StacksActions):
             self._table_due = True
             self.call_later(self.refresh_table)
 
+    def watching(self) -> Watch:
+        """What it shows of other nodes (cluster/views.py), as its table last refreshed."""
+        return self._watch
+
     def refresh_table(self) -> None:
         self._table_due = False
         try:
@@ -199,6 +205,7 @@ class SupervisorApp(StacksActions):
             return
         header.render_for(self.model, self.ending.verdict.label if self.ending else None)
         table.refresh_from(self.model)
+        self._watch = table.watching()
         phase = "ended" if self.ending else "stopping" if self.model.stop else "running"
         keys.show_phase(phase, self.ending.verdict.code if self.ending else None)
 

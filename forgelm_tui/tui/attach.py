@@ -21,6 +21,7 @@ from forgelm_tui.control.client import ControlClient, ControlError
 from forgelm_tui.control.find import KnownRun
 from forgelm_tui.control.reconnect import connect_again
 from forgelm_tui.engine import events as ev
+from forgelm_tui.engine.node_summary import Watch
 from forgelm_tui.engine.records import CancelSource
 from forgelm_tui.engine.signal_inbox import Sender
 from forgelm_tui.session.ending import RunEnding
@@ -55,6 +56,7 @@ class AttachedRun:
         self.on_skipped: Callable[[int], None] = lambda lines: None  # output left out
         self.on_reconnecting: Callable[[], None] = lambda: None
         self.detached = False
+        self.watched: Watch | None = None  # what it told the run it shows (``watch``)
 
     @property
     def run_id(self) -> str:
@@ -97,6 +99,14 @@ class AttachedRun:
     def request_stacks(self, origin: str = "operator") -> bool:
         """Ask the run for every rank's stacks (its StacksCaptured event follows)."""
         return self._send("stacks")
+
+    def watch(self, watch: Watch) -> None:
+        """Tell the run which other nodes' ranks this viewer shows (cluster/views.py); said
+        again after a reconnection. Not a command: a read-only viewer says it too."""
+        self.watched = watch
+        nodes = None if watch.nodes is None else sorted(watch.nodes)
+        with contextlib.suppress(OSError):
+            self.client.send("watch", via=self.via, nodes=nodes)
 
     def _send(self, kind: str, **fields: Any) -> bool:
         """A command to the run; False when read-only or not connected (reconnecting)."""
@@ -146,6 +156,8 @@ class AttachedRun:
                                        give_up=lambda: self.detached)
             if client is not None:
                 self.client = client  # its first item is a fresh snapshot
+                if self.watched is not None:
+                    self.watch(self.watched)
                 continue
             if ended is None and not self.detached:  # the run is gone: did it leave a verdict?
                 ended = ended_from_envelope(run_dir, run_id=self.run_id)
@@ -262,6 +274,12 @@ class AttachApp(SupervisorApp):
         run.on_snapshot = self._fresh_snapshot
         run.on_skipped = self.model.logs.skip
         run.on_reconnecting = self._reconnecting
+
+    def refresh_table(self) -> None:
+        super().refresh_table()
+        run = self.run_handle
+        if isinstance(run, AttachedRun) and self.watching() != run.watched:
+            run.watch(self.watching())
 
     def _reconnecting(self) -> None:
         """The connection dropped mid-run: say so until a fresh snapshot comes."""

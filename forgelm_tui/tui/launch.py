@@ -28,6 +28,7 @@ def execute_tui(plan: Plan) -> int:
     session = Session(plan, guardian)
     app = build_app(session, terminal_fd=_terminal_fd(), before_hard_exit=guardian.close)
     session.hooks.hangup_origin = app.hangup_origin
+    session.hooks.watching = app.watching  # the other nodes' ranks it shows (cluster/views.py)
     session.subscribe(storage_notice(app))
     try:
         with asyncio.Runner(loop_factory=new_loop) as runner:  # a rank's exit first

@@ -73,9 +73,7 @@ class RankRow:
         return " ".join(parts)
 
     def exit_text(self) -> str:
-        if self.exit_code is None:
-            return ""
-        return f"{self.exit_code} {describe(self.exit_code)[0].removeprefix('EXIT_')}"
+        return "" if self.exit_code is None else exit_words(self.exit_code)
 
     def signal_text(self) -> str:
         """``SIGTERM, sent: operator cancel``: the last signal and who sent it."""
@@ -92,6 +90,11 @@ class RankRow:
             sig, reason = stops[-1]
             return f"{signal_name(sig)}, sent: {_short_reason(reason)}"
         return ""
+
+
+def exit_words(code: int) -> str:
+    """``4 AWAITING_APPROVAL``: an exit code and its short name."""
+    return f"{code} {describe(code)[0].removeprefix('EXIT_')}"
 
 
 def _short_reason(reason: str) -> str:
@@ -128,6 +131,8 @@ class RunModel:
         self.notices: deque[str] = deque(maxlen=50)
         self.node_rank, self.nnodes, self.gpu = 0, 1, GpuView()  # gpu: tui/gpu_view.py
         self.nodes: dict[int, ev.NodeState] = {}  # other nodes of a multi-node run
+        # ...each one's ranks summed up, as it last said, and when this view got it (its row)
+        self.summaries: dict[int, tuple[ev.NodeSummary, float]] = {}
         self.stalled: set[int] = set()  # ranks the stall rule named (shown when grouped)
         self.changed = True
 
@@ -230,6 +235,8 @@ class RunModel:
         if self.nodes.get(node.node_rank) is not node.state and node.state is ev.NodeState.LOST:
             self.notices.append(f"node {node.node_rank} lost: its supervisor went silent")
         self.nodes[node.node_rank] = node.state
+        if node.summary is not None:
+            self.summaries[node.node_rank] = (node.summary, self.clock())
         for snap in node.ranks:
             row, old = _row(snap), self.ranks.get(snap.rank)
             row.node_rank = node.node_rank

@@ -2,12 +2,14 @@
 
 A multi-node run whose ranks outnumber the terminal's rows (16 nodes x 8 GPUs on an 80x24
 terminal) shows one row per node: its ranks' states counted, its slowest rank's step and how
-long its longest-waiting live rank has gone without one, its worst output age, its GPUs. A node
-row opens (enter, or a click) to its ranks' rows. A rank that needs reading shows under its node
-whether the node is open or not: the verdict's root cause, a rank the stall rule named, one that
-failed on its own (not after a stop signalled it: that is the stop's collateral, and a stop
-signals every rank) or that died of a signal forgelm-tui did not send. The verdict panel, the
-log and its search still cover every rank. docs/tui.md ("Many ranks").
+long its longest-waiting live rank has gone without one, its worst output age, its GPUs, as
+that node sums them up (engine/node_summary.py; a node no view opened sends only that and its
+ranks that need reading: cluster/views.py). A node row opens (enter, or a click) to its ranks'
+rows. A rank that needs reading shows under its node whether the node is open or not: the
+verdict's root cause, a rank the stall rule named, one that failed on its own (not after a
+stop signalled it: that is the stop's collateral, and a stop signals every rank) or that died
+of a signal forgelm-tui did not send. The verdict panel, the log and its search still cover
+every rank. docs/tui.md ("Many ranks").
 
 Pure functions of the model (no Textual); tui/widgets/rank_table.py lays the rows out.
 """
@@ -15,14 +17,15 @@ Pure functions of the model (no Textual); tui/widgets/rank_table.py lays the row
 from __future__ import annotations
 
 import functools
-from collections import Counter
 from dataclasses import dataclass
 
 from forgelm_tui.engine.events import RankState
+from forgelm_tui.engine.node_summary import NodeSummary, RankFacts, summarise
 from forgelm_tui.signames import signal_name
-from forgelm_tui.tui.model import RankRow, RunModel
+from forgelm_tui.tui.model import RankRow, RunModel, exit_words
 from forgelm_tui.tui.units import human_seconds
-from forgelm_tui.tui.widgets.gpu_cells import gpu_cells
+from forgelm_tui.tui.widgets.gpu_cells import memory_cell
+from forgelm_tui.tui.widgets.progress_bar import fraction_cell
 
 Cell = tuple[str, str]  # (plain text, style)
 
@@ -55,46 +58,46 @@ def notable(model: RunModel, row: RankRow) -> bool:
     return row.state in (RankState.FAILED, RankState.KILLED) and not stopped
 
 
+def facts(model: RunModel, row: RankRow) -> RankFacts:
+    """A rank of this view's rows as its node's row counts it (engine/node_summary.py)."""
+    live = row.ended_at is None and row.pid is not None
+    now = model.clock()
+    stop = next((sig for sig, purpose, _ in reversed(row.sent) if purpose.stops), None)
+    return RankFacts(
+        row.rank, row.state, live, row.step, row.total,
+        step_age=now - row.history.marks[-1][0] if live and row.history.marks else None,
+        output_age=model.output_age(row) if live else None, exit_code=row.exit_code,
+        stop_signal=stop, gpu=model.gpu.ranks.get(row.rank))
+
+
 @dataclass
 class NodeView:
     """One node's row as its cells read it."""
 
     model: RunModel
     node: int
-    rows: list[RankRow]  # its ranks, by rank
+    rows: list[RankRow]  # its ranks, by rank (as far as this view has them)
     opened: bool
 
-    @property
-    def live(self) -> list[RankRow]:
-        return [r for r in self.rows if r.ended_at is None and r.pid is not None]
-
-    def slowest(self) -> RankRow | None:
-        stepped = [r for r in self.rows if r.step is not None]
-        return min(stepped, key=lambda r: (r.step, r.rank)) if stepped else None
-
-    def step_wait(self) -> float | None:
-        """The longest a live rank of the node has gone without a new step (wall clock)."""
-        now = self.model.clock()
-        waits = [now - r.history.marks[-1][0] for r in self.live if r.history.marks]
-        return max(waits) if waits else None
+    @functools.cached_property
+    def summary(self) -> NodeSummary:
+        """Another node's ranks summed up by that node (grown by the time since this view got
+        it): its rows here may be only those that need reading. This node's, from its rows."""
+        got = self.model.summaries.get(self.node)
+        if self.node != self.model.node_rank and got is not None:
+            summary, at = got
+            return summary.aged(self.model.clock() - at)
+        return summarise(facts(self.model, r) for r in self.rows)
 
     @functools.cached_property
     def gpu(self) -> dict[str, Cell]:
         """Its devices counted, their mean GPU %, the fullest rank's memory (each cell once)."""
-        ranks = self.model.gpu.ranks
-        devices = {d.index for r in self.rows if (g := ranks.get(r.rank)) for d in g.devices}
-        utils = [d.utilization for r in self.live if (g := ranks.get(r.rank))
-                 for d in g.devices if d.utilization is not None]
-        fullest = max(((g.memory_bytes or 0, r.rank) for r in self.rows
-                       if (g := ranks.get(r.rank))), default=None)
-        memory = gpu_cells(self.model.gpu, fullest[1], True)["gpu_mem"] if fullest else ("-", "")
-        return {"gpu": (str(len(devices)) if devices else "-", ""),
-                "gpu_util": (f"{sum(utils) / len(utils):5.1f}" if utils else "-", ""),
-                "gpu_mem": memory}
-
-    def output_age(self) -> float | None:
-        found = [age for r in self.live if (age := self.model.output_age(r)) is not None]
-        return max(found) if found else None
+        summary = self.summary
+        memory = summary.gpu_memory
+        return {"gpu": (str(summary.gpus) if summary.gpus else "-", ""),
+                "gpu_util": (f"{summary.gpu_util:5.1f}" if summary.gpu_util is not None else "-",
+                             ""),
+                "gpu_mem": memory_cell(memory[1], memory[2], memory[3]) if memory else ("-", "")}
 
 
 def group_rows(model: RunModel, opened: set[int]) -> list[tuple[NodeView, list[RankRow]]]:
@@ -110,41 +113,48 @@ def group_rows(model: RunModel, opened: set[int]) -> list[tuple[NodeView, list[R
 
 def state_cell(view: NodeView, styles: dict[str, str]) -> Cell:
     """``8 run`` or ``6 run 2 fail``: the node's ranks by state, the worst state's style."""
-    counts = Counter(r.state for r in view.rows)
-    present = [s for s in WORST_FIRST if counts[s]]
+    summary = view.summary
+    present = [s for s in WORST_FIRST if summary.count(s)]
     if len(present) == 1:
-        return (f"{counts[present[0]]} {present[0].value}", styles.get(present[0].value, ""))
-    text = " ".join(f"{counts[s]} {SHORT[s]}" for s in reversed(present))
+        return (f"{summary.count(present[0])} {present[0].value}",
+                styles.get(present[0].value, ""))
+    text = " ".join(f"{summary.count(s)} {SHORT[s]}" for s in reversed(present))
     return (text, styles.get(present[0].value, "") if present else "")
+
+
+def bar_of(view: NodeView) -> Cell:
+    """The slowest rank's step of its total, for the progress bar column."""
+    slowest = view.summary.slowest
+    return ("", "") if slowest is None else fraction_cell(slowest[1], slowest[2], "")
 
 
 def progress_text(view: NodeView) -> str:
     """``40/100 ·12s``: the slowest rank's step, then the longest wait for a step."""
-    slowest = view.slowest()
+    slowest = view.summary.slowest
     if slowest is None:
         return ""
-    core = slowest.progress_text().split(" ", 1)[0]
-    wait = view.step_wait()
+    _, step, total = slowest
+    core = f"{step}/{total}" if total else str(step)
+    wait = view.summary.step_wait
     return f"{core} ·{human_seconds(wait)}" if wait is not None and wait >= 1 else core
+
+
+def output_age(view: NodeView) -> Cell:
+    return (human_seconds(view.summary.output_age), "")
 
 
 def exit_cell(view: NodeView) -> Cell:
     """The first failing rank's exit; ``0 SUCCESS`` once every rank exited 0."""
-    ended = [r for r in view.rows if r.exit_code is not None]
-    failed = [r for r in ended if r.exit_code != 0]
-    if failed:
-        return (failed[0].exit_text(), "bold red")
-    if ended and len(ended) == len(view.rows):
-        return (ended[0].exit_text(), "cyan")
-    return ("", "")
+    code = view.summary.exit_code
+    if code is None:
+        return ("", "")
+    return (exit_words(code), "bold red" if code else "cyan")
 
 
 def signal_cell(view: NodeView) -> Cell:
     """``SIGTERM ×8``: the stop signal its ranks were sent last, and to how many."""
-    last = [next((sig for sig, purpose, _ in reversed(r.sent) if purpose.stops), None)
-            for r in view.rows]
-    sent = Counter(sig for sig in last if sig is not None)
-    if not sent:
+    sent = view.summary.stop_signal
+    if sent is None:
         return ("", "")
-    sig, count = sent.most_common(1)[0]
+    sig, count = sent
     return (f"{signal_name(sig)} ×{count}", "magenta")

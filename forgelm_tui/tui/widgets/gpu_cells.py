@@ -9,6 +9,7 @@ does not give per-process memory, the device's used memory stands in.
 from __future__ import annotations
 
 from forgelm_tui.engine.events import RankGpu
+from forgelm_tui.engine.node_summary import memory_of
 from forgelm_tui.tui.gpu_view import GpuView
 from forgelm_tui.tui.widgets.progress_bar import blocks
 from forgelm_tui.wording.gpu import GIB
@@ -25,19 +26,15 @@ def bar(fraction: float, cells: int = BAR_CELLS) -> str:
     return blocks(fraction, cells, empty="·")
 
 
-def _memory(gpu: RankGpu) -> tuple[int | None, int | None]:
-    totals = [d.memory_total for d in gpu.devices if d.memory_total]
-    total = sum(totals) if totals else None
-    if gpu.memory_bytes is not None:
-        return gpu.memory_bytes, total
-    used = [d.memory_used for d in gpu.devices if d.memory_used is not None]
-    return (sum(used) if used else None), total
-
-
 def _memory_cell(gpu: RankGpu, active: bool) -> Cell:
-    used, total = _memory(gpu)
+    used, total = memory_of(gpu)
     if used is None or not total:
         return ("-", "")
+    return memory_cell(used, total, active)
+
+
+def memory_cell(used: int, total: int, active: bool) -> Cell:
+    """``▉▉▉▉▉ 79.6/80.0G``, yellow past 80 %, red past 95 %; dimmed once it ended."""
     fraction = used / total
     style = "red" if fraction > 0.95 else "yellow" if fraction > 0.8 else "green"
     text = f"{bar(fraction)} {used / GIB:.1f}/{total / GIB:.1f}G"

@@ -20,9 +20,14 @@ FULL, EMPTY = "█", "░"
 
 def bar_cell(row: RankRow, style: str) -> tuple[str, str]:
     """``("0.0250", style)`` for a rank at step 30 of 1200; empty without a step or total."""
-    if row.step is None or not row.total or row.total <= 0:
+    return fraction_cell(row.step, row.total, style)
+
+
+def fraction_cell(step: int | None, total: int | None, style: str) -> tuple[str, str]:
+    """A step of a total as the bar column's cell (a rank's; a node's slowest rank's)."""
+    if step is None or not total or total <= 0:
         return ("", "")
-    return (f"{min(1.0, max(0.0, row.step / row.total)):.4f}", style)
+    return (f"{min(1.0, max(0.0, step / total)):.4f}", style)
 
 
 def blocks(fraction: float, cells: int, empty: str = EMPTY) -> str:

@@ -22,6 +22,7 @@ from rich.text import Text
 from textual.widgets import DataTable
 
 from forgelm_tui.engine.events import ProgressEvidence
+from forgelm_tui.engine.node_summary import Watch
 from forgelm_tui.tui import node_groups as groups
 from forgelm_tui.tui.model import RankRow, RunModel
 from forgelm_tui.tui.node_groups import NodeView
@@ -142,11 +143,6 @@ def _node_gpu(key: str) -> Callable[[NodeView], Cell]:
     return lambda view: view.gpu[key]
 
 
-def _node_bar(view: NodeView) -> Cell:
-    slowest = view.slowest()
-    return bar_cell(slowest, "") if slowest is not None else ("", "")
-
-
 def _gpu_cell(key: str) -> Callable[[RowView], Cell]:
     return lambda view: view.gpu[key]
 
@@ -176,10 +172,10 @@ COLUMNS = (
     Column("children", "kids", 4, _gauge("children", lambda x: str(int(x)))),
     Column("uptime", "uptime", 6, lambda v: (human_seconds(v.model.uptime(v.row)), "")),
     Column("age", "out age", 7, lambda v: (human_seconds(v.model.output_age(v.row)), ""),
-           group=lambda n: (human_seconds(n.output_age()), "")),
+           group=groups.output_age),
     # step/total as a bar, left of its numbers (progress_bar.py)
     Column("bar", "", BAR_CELLS, lambda v: bar_cell(v.row, v.style), fit=fit_bar,
-           group=_node_bar),
+           group=groups.bar_of),
     Column("progress", "progress", 16, lambda v: progress_cell(v.row), widest=24,
            fit=_clip_progress, group=lambda n: (groups.progress_text(n), "")),
     Column("exit", "exit", 9, lambda v: (v.row.exit_text(), v.style),  # "0 SUCCESS"
@@ -307,6 +303,10 @@ class RankTable(DataTable[Text]):
         """The node whose row the cursor is on (grouped), else None."""
         key = self._selected()
         return int(key[1:]) if key is not None and key.startswith("n") else None
+
+    def watching(self) -> Watch:
+        """The other nodes whose ranks it shows: every node's, or those opened (grouped)."""
+        return Watch(True, frozenset(self.opened) if self.grouped else None)
 
     def toggle_node(self, node: int) -> None:
         """Open a node's row to its ranks, or close it."""
