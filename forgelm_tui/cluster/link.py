@@ -38,7 +38,7 @@ from forgelm_tui.cluster.store import (
 from forgelm_tui.cluster.summary import ClusterView, LinkPeers, NodeBeat, summarise
 from forgelm_tui.cluster.traffic import Poll, Traffic
 from forgelm_tui.cluster.views import ViewReader, ViewWriter
-from forgelm_tui.cluster.wire import stall_to_wire, stop_from_wire, stop_to_wire
+from forgelm_tui.cluster.wire import others_stop, remote_stop, stall_to_wire, stop_to_wire
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.events import NodeState
 from forgelm_tui.engine.node_summary import NOTHING, Watch
@@ -217,9 +217,7 @@ class NodeLink:
         if data.get("kind") == StopKind.FAILURE.value and self.failure_seen is None:
             self.failure_seen = time.monotonic()
         if self.sup.stop is None:
-            stop = stop_from_wire(data)
-            stop.reason = f"{stop.reason} (on node {stop.origin_node})"
-            self.sup.apply_stop(stop)
+            self.sup.apply_stop(remote_stop(data))
 
     def _remote_kill(self, data: dict[str, Any]) -> None:
         if not self._kill_seen:
@@ -337,8 +335,10 @@ class NodeLink:
                 continue
             if message.get("kind") == "final":
                 self._commands.put(("final-of", message.get("node")))  # read it at once
-            else:
-                self._post(self._on_message, message)
+                continue
+            if message.get("kind") == "stop" and (early := others_stop(message, self.me)):
+                self.sup.early_stop(early)  # its SIGTERM pass now (engine/early_stop.py)
+            self._post(self._on_message, message)
 
     def _ticker_thread(self) -> None:
         """Heartbeats and polls, every interval, and rank details while someone views them.

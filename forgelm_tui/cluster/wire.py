@@ -50,3 +50,22 @@ def ending_from_wire(data: dict[str, Any]) -> RankEnding:
     if values.get("crash") is not None:
         values["crash"] = tuple(values["crash"])  # JSON made it a list
     return RankEnding(**values)
+
+
+def remote_stop(data: dict[str, Any]) -> StopRecord:
+    """Another node's stop record as this node applies it: its reason says where it began."""
+    stop = stop_from_wire(data)
+    stop.reason = f"{stop.reason} (on node {stop.origin_node})"
+    return stop
+
+
+def others_stop(message: dict[str, Any], me: int) -> StopRecord | None:
+    """A stop message's record when another node's and well formed (the loop, which reads
+    the message too, says what is wrong with one that is not)."""
+    data = message.get("stop")
+    if not isinstance(data, dict) or data.get("origin_node") == me:
+        return None
+    try:
+        return remote_stop(data)
+    except (KeyError, TypeError, ValueError):
+        return None

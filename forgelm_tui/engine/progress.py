@@ -8,12 +8,14 @@ Trainer's and Lightning's tqdm bars, HF's log dicts; ``progress_lines``), and Li
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from itertools import islice
 
 from forgelm_tui.channel import Message, MessageKind
 from forgelm_tui.engine import events as ev
+from forgelm_tui.engine.channel import ChannelServer
 from forgelm_tui.engine.events import ProgressSource
 from forgelm_tui.engine.progress_lines import (
     LIGHTNING_SIGTERM,
@@ -138,3 +140,23 @@ class ProgressReader:
         record.progress_source = source
         self._emit(ev.RankProgressed(record.rank, record.step, record.total,
                                      dict(record.metrics), source))
+
+
+def open_channel(loop: asyncio.AbstractEventLoop, run_id: str,
+                 records: Mapping[int, RankRecord],
+                 emit: Callable[[ev.Event], None]) -> ChannelServer | None:
+    """The ranks' progress channel (docs/channel.md), read into their records; None when it
+    cannot be opened: progress is optional, the run goes on without it."""
+    try:
+        channel = ChannelServer(run_id)
+    except OSError:
+        return None
+    reader = ProgressReader(emit)
+
+    def on_message(message: Message) -> None:
+        record = records.get(message.rank)
+        if record is not None and record.pid is not None:
+            reader.read_message(record, message)
+
+    channel.start(loop, on_message)
+    return channel

@@ -13,10 +13,11 @@ import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from forgelm_tui.channel import CHANNEL_ENV, STACKS_ENV, STACKS_SIGNAL, Message
+from forgelm_tui.channel import CHANNEL_ENV, STACKS_ENV, STACKS_SIGNAL
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.channel import ChannelServer
 from forgelm_tui.engine.descendants import Descendants
+from forgelm_tui.engine.early_stop import EarlyStop
 from forgelm_tui.engine.events import Purpose, RankState
 from forgelm_tui.engine.fanout import Fanout, Listener
 from forgelm_tui.engine.faults import FaultGuard, SupervisorError, listener_name
@@ -26,7 +27,7 @@ from forgelm_tui.engine.hooks import Hooks
 from forgelm_tui.engine.output import OutputDrain
 from forgelm_tui.engine.policy import OUTSIDE_SIGNAL, Peers, StopPolicy, settings_for
 from forgelm_tui.engine.processes import RankProcesses
-from forgelm_tui.engine.progress import ProgressReader
+from forgelm_tui.engine.progress import ProgressReader, open_channel
 from forgelm_tui.engine.records import (
     CancelRequest,
     CancelSource,
@@ -75,6 +76,7 @@ class Supervisor:
         self._peers = self._policy.peers
         self._stacks = StackCapture(spec.run_dir, self._signal_for_stacks, self.emit,
                                     deadline=spec.stacks_deadline, py_spy=find_py_spy())
+        self._early = EarlyStop()  # another node's stop, signalled by the thread that read it
         self._launched = False
         self._ranks_gone = False
         self._local_done = False
@@ -136,7 +138,7 @@ class Supervisor:
         self._sampling = SamplingLoop(loop, self.spec.sample_interval, self._policy.live,
                                       self._on_samples, self._gpu, self._base_env)
         self.started_at = time.time()
-        channel = self._open_channel(loop)
+        channel = open_channel(loop, self.spec.run_id, self.records, self.emit)
         try:
             if self.hooks.before_launch is not None and self.stop is None:
                 await self.hooks.before_launch()
@@ -198,24 +200,12 @@ class Supervisor:
                                      record.started_at or time.time()))
             self.rank_changed(record)
 
-    def _open_channel(self, loop: asyncio.AbstractEventLoop) -> ChannelServer | None:
-        try:
-            channel = ChannelServer(self.spec.run_id)
-        except OSError:
-            return None  # progress is optional; the run goes on without it
-        reader = ProgressReader(self.emit)
-
-        def on_message(message: Message) -> None:
-            record = self.records.get(message.rank)
-            if record is not None and record.pid is not None:
-                reader.read_message(record, message)
-
-        channel.start(loop, on_message)
-        return channel
-
     # ----------------------------------------------------------------- facts in
 
     def _on_exit(self, record: RankRecord, returncode: int) -> None:
+        early = self._early.pending()  # the stop whose SIGTERM it may have died of: first
+        if early is not None:
+            self.apply_stop(early)
         record.mark_exit(returncode)
         with self._signals_first() as held:
             before = len(held)
@@ -264,11 +254,16 @@ class Supervisor:
         """Another node's stop record (or a lost node): stop this node's ranks the same way,
         with the record's grace. A cancel that came from a signal (a scheduler signalling
         every node's supervisor at once) makes this node's first such signal the same cause."""
+        self._early.close()
         if stop.source == CancelSource.SIGNAL.value:
             self._policy.note_cause(OUTSIDE_SIGNAL)
         with self._signals_first():
             self._policy.apply_stop(stop)  # a stall: this node's stacks first, as for its own
         self._check_finished()
+
+    def early_stop(self, stop: StopRecord) -> bool:
+        """Any thread: another node's stop's SIGTERM pass, now (engine/early_stop.py)."""
+        return self._early.signal(stop, self.records.values())
 
     def apply_kill(self, reason: str) -> None:
         """Another node escalated (a second cancel there): SIGKILL here too."""
@@ -312,18 +307,23 @@ class Supervisor:
     def signal_ranks(self, ranks: Sequence[RankRecord], sig: int, purpose: Purpose,
                      reason: str) -> list[RankRecord]:
         """Signal each rank (its group; its main process for a forward, stacks); who got it."""
+        early: dict[int, float] = {}
+        if purpose.stops:  # a stop pass here: none early from now on; what went early counts
+            self._early.close()
+            early = {r.rank: at for r in ranks if sig == signal.SIGTERM
+                     and (at := self._early.sent_at(r.rank)) is not None}
         with self._signals_first():  # one pass: every rank is signalled before any event
             sent = [r for r in ranks
-                    if self._processes.signal(r, sig, group=purpose.stops)]
+                    if r.rank in early or self._processes.signal(r, sig, group=purpose.stops)]
             if purpose.stops:  # and what the ranks started outside their groups
                 self.descendants.signal(sig)
             for record in sent:
-                self._record_signal(record, sig, purpose, reason)
+                self._record_signal(record, sig, purpose, reason, early.get(record.rank))
         return sent
 
     def _record_signal(self, record: RankRecord, sig: int, purpose: Purpose,
-                       reason: str) -> None:
-        sent = ev.SignalSent(sig, time.time(), reason, purpose)
+                       reason: str, at: float | None = None) -> None:
+        sent = ev.SignalSent(sig, time.time() if at is None else at, reason, purpose)
         record.signals_sent.append(sent)
         self.emit(ev.RankSignalled(record.rank, sig, purpose, reason, sent.at))
         self.rank_changed(record)

@@ -1,0 +1,82 @@
+"""Another node's stop, signalled by the thread that read it (issue 23; docs/multinode.md).
+
+A stop broadcast by another node is read by the link's inbox thread, and its ranks used to
+be signalled once the event loop got to it: a second thread to be scheduled, on a node whose
+CPUs are busy (measured at 32 nodes x 8 ranks on 2 cores: the inbox thread had the stop 15-40
+ms after the failure, the loop signalled 3-85 ms after that). So the inbox thread sends the
+stop's one pass itself: SIGTERM to every live rank's group, what the policy's ``begin`` would
+send, then posts the stop to the loop as before. The loop records each of those signals with
+the time it went out and sends none again:
+
+- the early pass happens at most once, and never once this node's own stop pass began
+  (``close``: the loop's first stop pass, or a remote stop applied, closes it);
+- a stall's stop is never sent early (every rank's stacks come first);
+- a rank that dies of the early SIGTERM before the loop applied the stop is not a rank
+  killed by an outside signal: the loop applies the pending stop before it reads that exit;
+- a rank that already ended (not reaped yet) is not signalled: it ended on its own.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterable
+
+from forgelm_tui.engine.records import RankRecord, StopRecord
+from forgelm_tui.engine.spawn import signal_group
+from forgelm_tui.verdict import StopKind
+
+
+def _exited(pid: int) -> bool:
+    """The rank (a child of this process) has ended, not reaped yet: it ended on its own,
+    before this stop (its exit, read by the loop, says how). Left to be reaped."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
+
+
+class EarlyStop:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._closed = False
+        self._sent: dict[int, float] = {}  # rank: when its group got the early SIGTERM
+        self._pending: StopRecord | None = None  # sent early, not applied by the loop yet
+
+    def signal(self, stop: StopRecord, records: Iterable[RankRecord]) -> bool:
+        """Any thread: SIGTERM to every live rank's group now, unless a stop pass already
+        began here (or this is a stall's); True when this pass went out."""
+        if stop.kind is StopKind.STALL:
+            return False
+        with self._lock:
+            if self._closed:
+                return False
+            self._closed = True
+            self._pending = stop
+            for record in list(records):
+                pid = record.pid
+                if pid is not None and record.ended_mono is None and not _exited(pid) \
+                        and signal_group(pid, signal.SIGTERM):
+                    self._sent[record.rank] = time.time()
+        return True
+
+    def pending(self) -> StopRecord | None:
+        """The stop sent early and not applied yet, if any (once)."""
+        with self._lock:
+            pending, self._pending = self._pending, None
+            return pending
+
+    def close(self) -> StopRecord | None:
+        """The loop: no early pass from now on. The stop sent early and not applied yet, if
+        any (once): the loop applies it before anything else."""
+        with self._lock:
+            self._closed = True
+            pending, self._pending = self._pending, None
+            return pending
+
+    def sent_at(self, rank: int) -> float | None:
+        """When the rank's group got the early SIGTERM (once), None if it did not."""
+        with self._lock:
+            return self._sent.pop(rank, None)
