@@ -68,6 +68,10 @@ EXAMPLES: list[Any] = [
     ev.RunEscalated("second cancel by operator: kill now", 4.5),
     ev.GraceExtended(10.0, "preempted: GraceTime 5 s + SLURM KillWait 10 s, less 5 s", 4.25),
     ev.NodeChanged(1, "gpu-node-7", ev.NodeState.RUNNING, (RANK,), 4.75),
+    ev.NodeChanged(2, "gpu-node-8", ev.NodeState.RUNNING, (), 4.8, ev.NodeSummary(
+        8, ((ev.RankState.RUNNING, 7), (ev.RankState.QUIET, 1)), (3, 40, 100), 12.5, 0.4, None,
+        (15, 8), 8, 97.5, (3, 70 << 30, 80 << 30, True)), complete=False),
+    ev.RunNotice("node 0's address job-master-0 does not resolve yet", 4.9),
     ev.RunSnapshot("r1", 2, ("python",), "/runs/r1", 1.0, (RANK,), STOPPING, None,
                    ev.VerdictReached(VERDICT, None)),
     ev.AttemptStarted(1, 2, "rank 1 failed (killed by SIGSEGV)", 1.0, 5.5),

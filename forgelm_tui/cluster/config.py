@@ -56,7 +56,18 @@ def _endpoint(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not host:
         raise UsageError(f"--rdzv-endpoint must be HOST:PORT, got {text!r}")
-    return host.strip("[]"), _port(port, "--rdzv-endpoint's port")
+    return _host(host.strip("[]"), "--rdzv-endpoint"), _port(port, "--rdzv-endpoint's port")
+
+
+def _host(text: str, what: str) -> str:
+    """A name that can resolve one day (it may not yet: the join waits), or an address."""
+    try:
+        if text.strip() and text.encode("idna"):
+            return text
+    except UnicodeError:
+        pass
+    raise UsageError(f"{what} {text!r} is not a host name or address (an empty label, or "
+                     "one over 63 characters)")
 
 
 def uses_slurm(ns: argparse.Namespace, env: Mapping[str, str]) -> bool:
@@ -84,13 +95,14 @@ def cluster_config(ns: argparse.Namespace, nproc: int, run_id: str,
                          "which numbers nodes in the order they join)")
     if ns.rdzv_endpoint:
         store_host, store_port = _endpoint(ns.rdzv_endpoint)
-        master_addr = ns.master_addr or store_host
+        master_addr = _host(ns.master_addr, "--master-addr") if ns.master_addr else store_host
         master_port = _port(ns.master_port, "--master-port") if ns.master_port else store_port + 1
     else:
         if ns.master_addr is None or ns.master_port is None:
             raise UsageError("--nnodes > 1 needs --master-addr and --master-port (node 0's "
                              "address, as torchrun's static rendezvous), or --rdzv-endpoint")
-        master_addr, master_port = ns.master_addr, _port(ns.master_port, "--master-port")
+        master_addr = _host(ns.master_addr, "--master-addr")
+        master_port = _port(ns.master_port, "--master-port")
         store_host, store_port = master_addr, master_port + CONTROL_PORT_OFFSET
     return ClusterConfig(
         nnodes=nnodes, node_rank=node_rank, store_host=store_host, store_port=store_port,

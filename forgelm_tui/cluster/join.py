@@ -70,8 +70,11 @@ class JoinCancelled(Exception):
 
 class Joiner:
     def __init__(self, config: ClusterConfig, cancelled: Callable[[], bool],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 notice: Callable[[str], None] = lambda text: None) -> None:
         self.config = config
+        self.notice = notice  # one line for the views (any thread)
+        self.unresolved = False  # node 0's name did not resolve (yet)
         self.cancelled = cancelled
         self.clock = clock
         self.deadline = clock() + config.join_timeout
@@ -129,9 +132,11 @@ class Joiner:
                     raise JoinRefused(f"{exc} (the control store listens at --rdzv-endpoint's "
                                       "port, else --master-port + 1)") from None
         while True:
-            self._check_time(f"the control store at {cfg.store_host}:{cfg.store_port} "
-                             "never answered (is node 0 started?)")
+            self._check_time(f"node 0's address {cfg.store_host} never resolved"
+                             if self.unresolved else f"the control store at {cfg.store_host}:"
+                             f"{cfg.store_port} never answered (is node 0 started?)")
             if not _listening(cfg.store_host, cfg.store_port):
+                self._resolves(cfg.store_host)
                 time.sleep(POLL)  # torch's client retries on its own for seconds: ask first
                 continue
             try:
@@ -140,6 +145,18 @@ class Joiner:
                 return self.store
             except (StoreLost, StoreTimeout):
                 time.sleep(POLL)
+
+    def _resolves(self, host: str) -> None:
+        """Node 0's name may not resolve yet (Kubernetes: its pod and service come up in any
+        order): said once, then retried until the join timeout, never refused at once."""
+        try:
+            socket.getaddrinfo(host, None)
+            self.unresolved = False
+        except (socket.gaierror, UnicodeError):
+            if not self.unresolved:
+                self.notice(f"node 0's address {host} does not resolve yet: retrying until "
+                            f"the join timeout ({self.config.join_timeout:g} s)")
+            self.unresolved = True
 
     def _run_record(self, store: ControlStore) -> dict[str, Any]:
         cfg = self.config
@@ -255,7 +272,7 @@ def _listening(host: str, port: int) -> bool:
     try:
         with socket.create_connection((host, port), timeout=0.5):
             return True
-    except OSError:
+    except (OSError, UnicodeError):  # UnicodeError: a name no resolver is asked (planner.py)
         return False
 
 

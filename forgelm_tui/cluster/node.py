@@ -66,7 +66,12 @@ class NodeRun:
 
     async def join(self) -> None:
         loop = asyncio.get_running_loop()
-        self.joiner = joiner = Joiner(self.config, lambda: self.sup.stop is not None)
+
+        def notice(text: str) -> None:  # the join's thread: a line for the views
+            loop.call_soon_threadsafe(self.sup.emit, ev.RunNotice(text, time.time()))
+
+        self.joiner = joiner = Joiner(self.config, lambda: self.sup.stop is not None,
+                                      notice=notice)
         try:
             membership = await loop.run_in_executor(None, joiner.join)
         except JoinRefused as exc:

@@ -26,9 +26,8 @@ from forgelm_tui.engine.states import RankState as RankState
 from forgelm_tui.engine.states import Stream as Stream
 from forgelm_tui.verdict import StopKind, Verdict
 
-# A rank's sampled values by the rank table's column key ("cpu", "rss", "children"...): the
-# sampler names them, the table shows them, and nothing between knows which there are. Floats,
-# whatever they count, so that they cross the wire unchanged (engine/codec.py).
+# A rank's sampled values by the rank table's column key ("cpu", "rss"...): the sampler names
+# them, the table shows them, nothing between knows which; floats, to cross the wire (codec).
 Gauges = dict[str, float]
 
 
@@ -63,9 +62,7 @@ class RankStarted:
 class RankStateChanged:
     rank: int
     state: RankState
-    # Quiet while one of its groups' collectives waits (engine/hang.py): "behind" (it never
-    # entered a collective its peers wait in) or "waiting" (it waits in one); None otherwise.
-    collective: str | None = None
+    collective: str | None = None  # quiet in a collective gap: "behind" or "waiting" (hang.py)
 
 
 @dataclass(frozen=True)
@@ -290,6 +287,12 @@ class AttemptStarted:
 
 
 @dataclass(frozen=True)
+class RunNotice:
+    text: str  # a line no other event says (a node waits for node 0's name to resolve)
+    at: float
+
+
+@dataclass(frozen=True)
 class VerdictReached:
     """The true exit code is decided and the final envelope written."""
 
@@ -362,8 +365,7 @@ class NodeChanged:
     state: NodeState
     ranks: tuple[RankSnapshot, ...]
     at: float
-    # Its ranks summed up (its row in a grouped view); ``complete``: ``ranks`` holds every rank
-    # of it, else only those that need reading (a node no view opened: cluster/views.py).
+    # Its row (a grouped view); ``complete``: every rank in ``ranks``, else those to read
     summary: NodeSummary | None = None
     complete: bool = True
 
@@ -392,5 +394,6 @@ Event = (
     | AttemptStarted
     | VerdictReached
     | NodeChanged
+    | RunNotice
 )
 EVENT_TYPES: tuple[type, ...] = Event.__args__

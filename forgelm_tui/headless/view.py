@@ -173,6 +173,8 @@ class HeadlessView:
                 self.note(f"escalated: {reason}; SIGKILL to every rank still running")
             case ev.GraceExtended(grace=grace, why=why):
                 self.note(f"grace now {grace:g} s: {why}")
+            case ev.RunNotice(text=text):
+                self.note(text)
             case ev.StacksCaptured():
                 for line in stacks_lines(event):
                     self.note(line)

@@ -19,6 +19,7 @@ from forgelm_tui.cluster.kill_wait import (
     scheduler_reaches_ranks,
 )
 from forgelm_tui.engine.spec import LaunchSpec
+from forgelm_tui.plan import pet
 from forgelm_tui.plan.forgelm import JobConfigError, find_config_arg, read_job_config
 from forgelm_tui.plan.options import (
     DEFAULT_RUN_ROOT,
@@ -96,10 +97,18 @@ class Planner:
         self.run_dir: Path | None = None
         self.extra_paths: list[Path] = []
         self.output_format = "text"
+        self.from_env = pet.FromEnv({})
 
     # ------------------------------------------------------------- the happy path
 
     def plan(self) -> Plan:
+        """The checked plan; a refusal of a value from a ``PET_`` variable names it."""
+        try:
+            return self._plan()
+        except UsageError as exc:
+            raise UsageError(self.from_env.explain(str(exc))) from None
+
+    def _plan(self) -> Plan:
         parser = build_parser()
         options, target = split_argv(self.args, parser)
         if target.mode == "demo":
@@ -107,6 +116,7 @@ class Planner:
             options = options + target.args[1:]
         self._lenient(options)
         ns = parser.parse_args(options)
+        self.from_env = pet.apply(ns, options, parser, os.environ)  # torchrun's PET_<DEST>
         self.ns = ns
         self.output_format = ns.output_format
         self.info.contract = Contract(ns.exit_contract)

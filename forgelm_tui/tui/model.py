@@ -200,6 +200,8 @@ class RunModel:
                 self.notices.append(f"rank {rank} received {sig} from outside forgelm-tui")
             case ev.RunFinished(at=at):
                 self.state, self.ended_at = "finished", at
+            case ev.RunNotice(text=text):
+                self.notices.append(text)
             case ev.VerdictReached() as verdict:
                 self.state, self.verdict = "finished", verdict
 
