@@ -232,18 +232,33 @@ def test_a_viewing_node_reads_the_view_of_the_nodes_it_opened_and_the_rows_of_th
     assert read_of(store, "row", "view") == ["view/1", "row/3"]
 
 
-def test_a_node_closed_is_read_from_its_row_again_and_one_opened_from_its_next_view() -> None:
+def test_a_node_closed_is_read_from_its_row_again_and_one_opened_from_its_view() -> None:
     store = cluster_store(3, views=True)
     traffic = Traffic(0, 3)
     poll(traffic, store, 100.0, Watch(True, frozenset({1})))
     store.forget()
     poll(traffic, store, 101.0, Watch(True, frozenset({2})))  # 1 closed, 2 opened
     assert store.data["watch/1"] == "0" and store.data["watch/2"] == "1"
-    assert read_of(store, "row", "view") == ["row/1"]  # node 2's old view is not read...
-    store.set("beat/2", beat(2, seq=2, rseq=1, vseq=2))  # ...its next one, written for it, is
+    # node 1's latest row, node 2's latest view at once (a node whose ranks no longer change
+    # writes no other: closed and opened again, it is still shown)
+    assert read_of(store, "row", "view") == ["row/1", "view/2"]
     store.forget()
     poll(traffic, store, 102.0, Watch(True, frozenset({2})))
+    assert read_of(store, "row", "view") == []  # nothing new
+    store.set("beat/2", beat(2, seq=2, rseq=1, vseq=2))  # its next one (with its curves)
+    poll(traffic, store, 103.0, Watch(True, frozenset({2})))
     assert read_of(store, "row", "view") == ["view/2"]
+
+
+def test_a_node_opened_before_it_wrote_any_view_is_read_from_its_first() -> None:
+    store = cluster_store(2)  # no row, no view written yet: nobody viewed
+    traffic = Traffic(0, 2)
+    poll(traffic, store, 100.0, Watch(True, frozenset({1})))
+    assert read_of(store, "row", "view") == []  # never a read of a key not written
+    store.set("view/1", {"type": "NodeChanged", "ranks": []})
+    store.set("beat/1", beat(1, seq=2, vseq=1))
+    poll(traffic, store, 101.0, Watch(True, frozenset({1})))
+    assert read_of(store, "row", "view") == ["view/1"]
 
 
 def test_a_node_that_stops_viewing_is_uncounted_everywhere() -> None:
@@ -297,10 +312,13 @@ def test_a_row_is_the_same_size_for_8_ranks_or_64_and_carries_only_ranks_that_ne
         sizes[count] = len(json.dumps(ViewWriter(3, "gpu-node-003").write(RUNNING, ranks, 0)))
     assert abs(sizes[8] - sizes[64]) <= 8 and sizes[64] < 1200, sizes
     ranks = records(8)
-    ranks[5].mark_exit(2)
+    ranks[5].mark_exit(2)  # failed on its own
+    ranks[6].stalled = True  # named by the stall rule
+    ranks[7].signals_sent.append(ev.SignalSent(15, 1.0, "stop", ev.Purpose.STOP))
+    ranks[7].mark_exit(-15)  # a stop's collateral: every rank would be, after a stop
     ((_, wire),) = ViewWriter(3, "h").write(RUNNING, ranks, 0)
     row = ViewReader.decode(wire)
-    assert row is not None and [s.rank for s in row.ranks] == [5]
+    assert row is not None and [s.rank for s in row.ranks] == [5, 6]
     assert row.summary is not None and row.summary.exit_code == 2
 
 

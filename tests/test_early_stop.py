@@ -19,6 +19,7 @@ import pytest
 from conftest import rank_record, wait_for
 
 from forgelm_tui.engine.early_stop import EarlyStop
+from forgelm_tui.engine.events import Purpose
 from forgelm_tui.engine.records import RankRecord, StopRecord
 from forgelm_tui.engine.spec import LaunchSpec
 from forgelm_tui.engine.supervisor import Supervisor
@@ -46,9 +47,8 @@ def test_the_early_pass_signals_every_live_ranks_group_once() -> None:
     assert early.signal(stop(), records)
     assert [p.wait(10) for p in procs] == [-signal.SIGTERM] * 2
     assert not early.signal(stop(), records)  # once
-    at = early.sent_at(0)
-    assert at is not None and before <= at <= time.time()
-    assert early.sent_at(0) is None  # taken once
+    at = records[0].early_stop_at
+    assert at is not None and before <= at <= time.time() and records[0].signalled_first
     assert early.pending() is not None and early.pending() is None
 
 
@@ -72,8 +72,20 @@ def test_a_rank_that_already_ended_is_not_signalled() -> None:
                                os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None, 10, "its end")
     early = EarlyStop()
     assert early.signal(stop(), records)
-    assert early.sent_at(0) is None  # it ended on its own: its exit says how
+    assert records[0].early_stop_at is None  # it ended on its own: its exit says how
+    assert not records[0].signalled_first
     assert procs[0].wait(5) == 0
+
+
+def test_a_ranks_own_report_of_an_early_signal_is_no_outside_stop() -> None:
+    """The rank says it got SIGTERM (the graceful runner, Lightning's line) before the loop
+    applied the stop that sent it: it was signalled, not stopped from outside."""
+    from forgelm_tui.engine.progress import ProgressReader
+
+    record = rank_record(0, pid=100, started_mono=0.0)
+    record.early_stop_at = time.time()
+    ProgressReader(lambda event: None).reported_stop(record, "SIGTERM", None)
+    assert record.foreign_stop is False
 
 
 async def until(check: Callable[[], bool], timeout: float = 20.0) -> None:
@@ -121,3 +133,38 @@ async def test_this_nodes_own_stop_pass_first_leaves_nothing_to_send_early(
     assert sup.stop is not None and sup.stop.kind is StopKind.CANCEL
     assert all([s.signal for s in r.signals_sent] == [signal.SIGTERM]
                for r in sup.records.values())
+
+
+RANK_0_FAILS_LEAVING_A_CHILD = """
+import os, subprocess, sys, time
+if os.environ["RANK"] == "0":
+    subprocess.Popen(["sleep", "60"])  # in its group, alive after it (a data loader worker)
+    time.sleep(0.3)
+    sys.exit(2)
+time.sleep(60)
+"""
+
+
+async def test_a_rank_that_failed_on_its_own_just_before_an_early_stop_is_the_root_cause(
+        tmp_path: Path) -> None:
+    """Rank 0 exits 2 on its own (a child of it lives on in its group); before the loop reads
+    that exit, another node's stop is sent early: rank 0 (ended, not reaped) is not signalled,
+    its exit is read before the pending stop is applied (whose pass would signal its group),
+    and it is a failure of its own, never the stop's collateral."""
+    spec = LaunchSpec(argv=(sys.executable, "-c", RANK_0_FAILS_LEAVING_A_CHILD),
+                      run_id="r", run_dir=tmp_path, nproc_per_node=2, master_addr="127.0.0.1",
+                      master_port=29999, grace=5.0, cwd=tmp_path)
+    sup = Supervisor(spec, base_env={})
+    run = asyncio.create_task(sup.run())
+    await until(lambda: all(r.pid for r in sup.records.values()))
+    first = sup.records[0]
+    assert first.pid is not None
+    deadline = time.monotonic() + 20
+    while os.waitid(os.P_PID, first.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)  # the loop held: rank 0's exit is not read yet
+    assert sup.early_stop(stop())  # as the inbox thread would, now
+    await asyncio.wait_for(run, 30)
+    assert first.exit_code == 2 and not first.signalled_first
+    assert [s.purpose for s in first.signals_sent] == [Purpose.CLEANUP]  # its child, after it
+    assert sup.records[1].signalled_first and sup.records[1].signal == signal.SIGTERM

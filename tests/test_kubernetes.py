@@ -79,23 +79,26 @@ def test_a_master_name_that_can_never_resolve_is_refused_at_once(tmp_path: Path)
 
 def test_the_join_says_once_that_node_0s_name_does_not_resolve_and_again_after_it_did(
         monkeypatch: pytest.MonkeyPatch) -> None:
+    from forgelm_tui.cluster import join
     from forgelm_tui.cluster.config import ClusterConfig
     from forgelm_tui.cluster.join import Joiner
 
     answers = iter([False, False, True, False])
 
-    def resolve(host: str, port: object) -> list[object]:
+    def resolve(host: str, port: object, **kwargs: object) -> list[object]:
         if not next(answers):
             raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
-        return []
+        return []  # resolves, nothing listens
 
     monkeypatch.setattr(socket, "getaddrinfo", resolve)
     lines: list[str] = []
     config = ClusterConfig(2, 1, "job-master-0", 23457, "job-master-0", 23456, "r", True, 2,
                            join_timeout=300.0)
     joiner = Joiner(config, lambda: False, notice=lines.append)
-    for _ in range(4):
-        joiner._resolves("job-master-0")
+    for expected in (None, None, False, None):
+        listening = join._listening("job-master-0", 23457)
+        assert listening is expected
+        joiner._resolves("job-master-0", listening is not None)
     assert lines == ["node 0's address job-master-0 does not resolve yet: retrying until the "
                      "join timeout (300 s)"] * 2  # once, and once more after it resolved
     assert joiner.unresolved

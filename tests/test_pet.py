@@ -73,8 +73,12 @@ def test_a_flag_variable_that_is_no_integer_is_refused(
     ({"PET_SHUTDOWN_TIMEOUT": "30"}, "PET_SHUTDOWN_TIMEOUT: torchrun's --shutdown-timeout: use"),
     ({"PET_SIGNALS_TO_HANDLE": "SIGTERM"}, "--forward-signals"),
     ({"PET_VIRTUAL_LOCAL_RANK": "1"}, "--virtual-local-rank is not supported"),
+    ({"PET_NNODES": ""}, "PET_NNODES is empty: give --nnodes a value there, or unset it"),
+    ({"PET_MASTER_ADDR": " ", "PET_NNODES": "2"}, "PET_MASTER_ADDR is empty"),
+    ({"PET_NNODES": "2", "PET_NODE_RANK": "1", "PET_MASTER_ADDR": "job master",
+      "PET_MASTER_PORT": "23456"}, "--master-addr (from PET_MASTER_ADDR) 'job master' is not"),
 ], ids=["nproc", "nnodes", "elastic", "node-rank", "port", "backend", "shutdown", "signals",
-        "virtual"])
+        "virtual", "empty", "blank", "space"])
 def test_a_bad_value_is_refused_with_the_flags_line_naming_the_variable(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, env: dict[str, str], words: str) -> None:
     assert words in refused(tmp_path, monkeypatch, env)
@@ -123,3 +127,16 @@ def test_pods_variables_make_a_multi_node_plan(tmp_path: Path,
             got.cluster.master_port, got.cluster.store_port) == (2, 1, "job-master-0", 23456,
                                                                  23457)
     assert got.spec.nproc_per_node == 2
+
+
+def test_a_flag_torchrun_reads_as_off_is_no_refusal(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    got = plan(tmp_path, monkeypatch, {"PET_VIRTUAL_LOCAL_RANK": "0", "PET_STANDALONE": "0"})
+    assert got.cluster is None
+
+
+def test_a_module_from_pet_module_is_refused_naming_it(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(UsageError) as caught:
+        plan(tmp_path, monkeypatch, {"PET_MODULE": "1"}, target=("no_such_module_xyz",))
+    assert str(caught.value).startswith("-m (from PET_MODULE) no_such_module_xyz: no module")

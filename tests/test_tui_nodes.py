@@ -4,6 +4,7 @@ whether it is open or not (tui/node_groups.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 from typing import Any
 
@@ -234,3 +235,29 @@ async def test_the_table_shows_every_nodes_ranks_or_those_it_opened_and_the_app_
     async with app.run_test(size=(120, 140)) as pilot:
         await prepare(pilot)
         assert app.watching() == Watch(True, None)  # every rank listed: every node
+
+
+def test_a_closed_nodes_ranks_are_not_kept_frozen() -> None:
+    """A node closed again sends its row only: its ranks' rows go back to what this view
+    knows of them (nothing), not their last details frozen (the header's pace would read a
+    rate of 0 from them), but for those its row still carries."""
+    from forgelm_tui.engine.node_summary import RankFacts, summarise
+    from forgelm_tui.tui.progress_view import run_pace
+
+    model = _model()
+    clock = model.clock
+    assert isinstance(clock, FakeClock)
+    for step in (5, 6, 7):
+        model.apply(ev.NodeChanged(1, "b", ev.NodeState.RUNNING, (
+            dataclasses.replace(_snap(2, 1, RankState.RUNNING), step=step),
+            dataclasses.replace(_snap(3, 1, RankState.RUNNING), step=step)), clock()))
+        clock.advance(1.0)
+    assert model.ranks[2].step == 7 and run_pace(model.ranks.values(), clock()) is not None
+    summary = summarise([RankFacts(2, RankState.RUNNING, True, 9, 10)])
+    failed = _snap(3, 1, RankState.FAILED, code=2)
+    model.apply(ev.NodeChanged(1, "b", ev.NodeState.RUNNING, (failed,), clock(), summary,
+                               complete=False))
+    assert model.ranks[2].step is None and model.ranks[2].node_rank == 1
+    assert model.ranks[3].state is RankState.FAILED
+    clock.advance(60.0)
+    assert run_pace(model.ranks.values(), clock()) is None  # nothing frozen read as stopped

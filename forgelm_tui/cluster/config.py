@@ -61,13 +61,14 @@ def _endpoint(text: str) -> tuple[str, int]:
 
 def _host(text: str, what: str) -> str:
     """A name that can resolve one day (it may not yet: the join waits), or an address."""
+    bare = text.strip("[]")  # an IPv6 address as torchrun spells it: [::1]
     try:
-        if text.strip() and text.encode("idna"):
+        if bare and not any(c.isspace() for c in bare) and bare.encode("idna"):
             return text
     except UnicodeError:
         pass
-    raise UsageError(f"{what} {text!r} is not a host name or address (an empty label, or "
-                     "one over 63 characters)")
+    raise UsageError(f"{what} {text!r} is not a host name or address (empty, a space, an empty "
+                     "label or one over 63 characters)")
 
 
 def uses_slurm(ns: argparse.Namespace, env: Mapping[str, str]) -> bool:
@@ -103,7 +104,7 @@ def cluster_config(ns: argparse.Namespace, nproc: int, run_id: str,
                              "address, as torchrun's static rendezvous), or --rdzv-endpoint")
         master_addr = _host(ns.master_addr, "--master-addr")
         master_port = _port(ns.master_port, "--master-port")
-        store_host, store_port = master_addr, master_port + CONTROL_PORT_OFFSET
+        store_host, store_port = master_addr.strip("[]"), master_port + CONTROL_PORT_OFFSET
     return ClusterConfig(
         nnodes=nnodes, node_rank=node_rank, store_host=store_host, store_port=store_port,
         master_addr=master_addr, master_port=master_port, run_id=ns.rdzv_id or run_id,

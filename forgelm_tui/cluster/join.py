@@ -135,8 +135,9 @@ class Joiner:
             self._check_time(f"node 0's address {cfg.store_host} never resolved"
                              if self.unresolved else f"the control store at {cfg.store_host}:"
                              f"{cfg.store_port} never answered (is node 0 started?)")
-            if not _listening(cfg.store_host, cfg.store_port):
-                self._resolves(cfg.store_host)
+            listening = _listening(cfg.store_host, cfg.store_port)
+            self._resolves(cfg.store_host, listening is not None)
+            if not listening:
                 time.sleep(POLL)  # torch's client retries on its own for seconds: ask first
                 continue
             try:
@@ -146,17 +147,13 @@ class Joiner:
             except (StoreLost, StoreTimeout):
                 time.sleep(POLL)
 
-    def _resolves(self, host: str) -> None:
+    def _resolves(self, host: str, resolved: bool) -> None:
         """Node 0's name may not resolve yet (Kubernetes: its pod and service come up in any
         order): said once, then retried until the join timeout, never refused at once."""
-        try:
-            socket.getaddrinfo(host, None)
-            self.unresolved = False
-        except (socket.gaierror, UnicodeError):
-            if not self.unresolved:
-                self.notice(f"node 0's address {host} does not resolve yet: retrying until "
-                            f"the join timeout ({self.config.join_timeout:g} s)")
-            self.unresolved = True
+        if not resolved and not self.unresolved:
+            self.notice(f"node 0's address {host} does not resolve yet: retrying until the "
+                        f"join timeout ({self.config.join_timeout:g} s)")
+        self.unresolved = not resolved
 
     def _run_record(self, store: ControlStore) -> dict[str, Any]:
         cfg = self.config
@@ -267,13 +264,19 @@ def _is_local(host: str) -> bool:
     return False
 
 
-def _listening(host: str, port: int) -> bool:
-    """Something accepts connections there (a plain socket: bounded, and Ctrl+C is seen)."""
+def _listening(host: str, port: int) -> bool | None:
+    """Something accepts connections there (a plain socket: bounded, and Ctrl+C is seen);
+    None when the name does not resolve (one lookup: a slow resolver is paid once a try)."""
     try:
-        with socket.create_connection((host, port), timeout=0.5):
+        addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError):  # UnicodeError: never resolves (config.py)
+        return None
+    for family, kind, proto, _, address in addresses:
+        with contextlib.suppress(OSError), socket.socket(family, kind, proto) as sock:
+            sock.settimeout(0.5)
+            sock.connect(address)
             return True
-    except (OSError, UnicodeError):  # UnicodeError: a name no resolver is asked (planner.py)
-        return False
+    return False
 
 
 def _free_port() -> int:

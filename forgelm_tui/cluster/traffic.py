@@ -97,9 +97,9 @@ class Traffic:
             self._registered = watch.viewing
             self.reader.reset()
         opened = watch.opened(self.reader.nodes)
-        for node in sorted(opened ^ self.reader.opened):
+        for node in sorted(opened ^ self.reader.opened):  # each counted once, as it is added
             store.add(f"watch/{node}", 1 if node in opened else -1)
-        self.reader.open(opened)
+            self.reader.open(node, node in opened)
 
     def _beats(self, store: ControlStore, stop_known: bool, kill_known: bool) -> Poll:
         """Node 0: every heartbeat, the finals announced (or shown done in a heartbeat), the

@@ -3,7 +3,7 @@
 A node's heartbeat says nothing of its ranks but two counters, ``rseq`` and ``vseq``. While
 some other node has a view (its TUI, an attached viewer: node 0's summary counts them in
 ``viewers``), a node writes its *row* to ``row/<i>``: its ranks summed up in a fixed size
-(engine/node_summary.py) and the few ranks that need reading (failed, killed, quiet). Only
+(engine/node_summary.py) and the few ranks that need reading (``notable``). Only
 while some view opened the node (``watch/<i>`` counts them; the node reads its own counter at
 most once a second while anyone views) does it write its *view* to ``view/<i>``: every rank's
 snapshot. Each at most once a second, only when it changed (its counter moves).
@@ -34,8 +34,6 @@ VIEW_EVERY = 1.0  # at most one row and one view a node a second, written or rea
 # from the views' own step and metrics (tui/model.py): ~7x fewer bytes while someone views (a
 # rank with a 200-point curve: ~3.3 KB with it, ~450 B without).
 CURVE_EVERY = 30
-# The ranks a row carries besides the summary: those a closed node's row shows under it.
-NOTABLE = (RankState.FAILED, RankState.KILLED, RankState.QUIET)
 
 Wire = dict[str, Any]
 
@@ -47,11 +45,19 @@ def node_changed(me: int, host: str, phase: NodeState, records: Iterable[RankRec
     records = list(records)
     now = time.monotonic()
     summary = summarise(r.facts(now) for r in records)
-    shown = records if complete else [r for r in records if r.state in NOTABLE]
+    shown = records if complete else [r for r in records if notable(r)]
     ranks = tuple(r.snapshot() for r in shown)
     if not curves or not complete:
         ranks = tuple(dataclasses.replace(s, metrics_history=()) for s in ranks)
     return ev.NodeChanged(me, host, phase, ranks, 0.0, summary, complete)
+
+
+def notable(record: RankRecord) -> bool:
+    """A rank a row carries besides its summary: one a closed node's row shows under it
+    (tui/node_groups.py): the stall rule named it, or it failed or died on its own (never a
+    stop's collateral: after a stop that would be every rank, and a row stays small)."""
+    return record.stalled or (record.state in (RankState.FAILED, RankState.KILLED)
+                               and not record.signalled_first)
 
 
 class ViewWriter:
@@ -127,14 +133,16 @@ class ViewReader:
         """Read every row and view again (a new view starts from what each node shows now)."""
         self._seen.clear()
 
-    def open(self, nodes: set[int]) -> None:
-        """The nodes whose ranks are shown now: a node just opened is read from its next view
-        (written for this view, with its curves); a node just closed from its last row."""
-        for node in nodes - self.opened:
-            self._seen[("view", node)] = self._counters.get(node, (0, 0))[1]
-        for node in self.opened - nodes:
+    def open(self, node: int, shown: bool) -> None:
+        """A node whose ranks are shown now (``shown``) or no longer: one just opened is read
+        from its latest view at once (then each new one: the next, written once it knows it
+        is opened, has its curves), one just closed from its latest row."""
+        if shown:
+            self.opened.add(node)
+            self._seen[("view", node)] = max(0, self._counters.get(node, (0, 0))[1] - 1)
+        else:
+            self.opened.discard(node)
             self._seen.pop(("row", node), None)
-        self.opened = set(nodes)
 
     def changed(self, beats: dict[int, Wire]) -> list[tuple[str, int]]:
         """("view", node) for each opened node whose view counter moved, ("row", node) for

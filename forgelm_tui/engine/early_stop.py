@@ -6,14 +6,16 @@ CPUs are busy (measured at 32 nodes x 8 ranks on 2 cores: the inbox thread had t
 ms after the failure, the loop signalled 3-85 ms after that). So the inbox thread sends the
 stop's one pass itself: SIGTERM to every live rank's group, what the policy's ``begin`` would
 send, then posts the stop to the loop as before. The loop records each of those signals with
-the time it went out and sends none again:
+the time it went out (``RankRecord.early_stop_at``) and sends none again:
 
 - the early pass happens at most once, and never once this node's own stop pass began
   (``close``: the loop's first stop pass, or a remote stop applied, closes it);
 - a stall's stop is never sent early (every rank's stacks come first);
-- a rank that dies of the early SIGTERM before the loop applied the stop is not a rank
-  killed by an outside signal: the loop applies the pending stop before it reads that exit;
-- a rank that already ended (not reaped yet) is not signalled: it ended on its own.
+- a rank signalled early counts as signalled from then on (``signalled_first``): its own
+  report of the SIGTERM, read before the loop applied the stop, is no outside stop; and when
+  it dies of it first, the loop applies the pending stop before it reads that exit;
+- a rank that already ended (not reaped yet) is not signalled: it ended on its own, and its
+  exit is read before the stop is applied.
 """
 
 from __future__ import annotations
@@ -30,8 +32,7 @@ from forgelm_tui.verdict import StopKind
 
 
 def _exited(pid: int) -> bool:
-    """The rank (a child of this process) has ended, not reaped yet: it ended on its own,
-    before this stop (its exit, read by the loop, says how). Left to be reaped."""
+    """The rank (a child of this process) has ended, not reaped yet. Left to be reaped."""
     try:
         return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
     except ChildProcessError:
@@ -42,7 +43,6 @@ class EarlyStop:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._closed = False
-        self._sent: dict[int, float] = {}  # rank: when its group got the early SIGTERM
         self._pending: StopRecord | None = None  # sent early, not applied by the loop yet
 
     def signal(self, stop: StopRecord, records: Iterable[RankRecord]) -> bool:
@@ -59,7 +59,7 @@ class EarlyStop:
                 pid = record.pid
                 if pid is not None and record.ended_mono is None and not _exited(pid) \
                         and signal_group(pid, signal.SIGTERM):
-                    self._sent[record.rank] = time.time()
+                    record.early_stop_at = time.time()
         return True
 
     def pending(self) -> StopRecord | None:
@@ -69,14 +69,9 @@ class EarlyStop:
             return pending
 
     def close(self) -> StopRecord | None:
-        """The loop: no early pass from now on. The stop sent early and not applied yet, if
-        any (once): the loop applies it before anything else."""
+        """The loop: no early pass from now on (an early one under way ends first). The stop
+        sent early and not applied yet, if any (once)."""
         with self._lock:
             self._closed = True
             pending, self._pending = self._pending, None
             return pending
-
-    def sent_at(self, rank: int) -> float | None:
-        """When the rank's group got the early SIGTERM (once), None if it did not."""
-        with self._lock:
-            return self._sent.pop(rank, None)

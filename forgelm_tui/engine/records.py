@@ -132,6 +132,9 @@ class RankRecord:
     behind: bool = False
     last_strong_mono: float | None = None  # its last step, heartbeat or completed collective
     stepped_mono: float | None = None  # when its step last moved
+    # When another node's stop's SIGTERM reached it from the inbox thread, before the loop
+    # recorded it in signals_sent (engine/early_stop.py); None once recorded, or never sent.
+    early_stop_at: float | None = None
 
     @property
     def alive(self) -> bool:
@@ -151,8 +154,10 @@ class RankRecord:
 
     @property
     def signalled_first(self) -> bool:
-        """The supervisor sent it a stop or kill signal (before it ended, if it has)."""
-        return self.first_stop is not None
+        """The supervisor sent it a stop or kill signal (before it ended, if it has); an
+        early stop signal the loop has not recorded yet counts (its own report of it, read
+        first, is not an outside stop)."""
+        return self.first_stop is not None or self.early_stop_at is not None
 
     @property
     def forwarded_death(self) -> bool:

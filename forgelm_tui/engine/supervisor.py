@@ -203,8 +203,8 @@ class Supervisor:
     # ----------------------------------------------------------------- facts in
 
     def _on_exit(self, record: RankRecord, returncode: int) -> None:
-        early = self._early.pending()  # the stop whose SIGTERM it may have died of: first
-        if early is not None:
+        early = self._early.pending() if record.early_stop_at is not None else None
+        if early is not None:  # the stop whose SIGTERM it may have died of: first
             self.apply_stop(early)
         record.mark_exit(returncode)
         with self._signals_first() as held:
@@ -307,11 +307,10 @@ class Supervisor:
     def signal_ranks(self, ranks: Sequence[RankRecord], sig: int, purpose: Purpose,
                      reason: str) -> list[RankRecord]:
         """Signal each rank (its group; its main process for a forward, stacks); who got it."""
-        early: dict[int, float] = {}
         if purpose.stops:  # a stop pass here: none early from now on; what went early counts
             self._early.close()
-            early = {r.rank: at for r in ranks if sig == signal.SIGTERM
-                     and (at := self._early.sent_at(r.rank)) is not None}
+        early = {r.rank: r.early_stop_at for r in ranks if purpose.stops
+                 and sig == signal.SIGTERM and r.early_stop_at is not None}
         with self._signals_first():  # one pass: every rank is signalled before any event
             sent = [r for r in ranks
                     if r.rank in early or self._processes.signal(r, sig, group=purpose.stops)]
@@ -319,6 +318,7 @@ class Supervisor:
                 self.descendants.signal(sig)
             for record in sent:
                 self._record_signal(record, sig, purpose, reason, early.get(record.rank))
+                record.early_stop_at = None  # recorded: signals_sent says it from now on
         return sent
 
     def _record_signal(self, record: RankRecord, sig: int, purpose: Purpose,

@@ -74,8 +74,8 @@ class FromEnv:
     def explain(self, message: str) -> str:
         """A refusal of a value that came from the environment names the variable."""
         for flag, name in self.flags.items():
-            if message.startswith(flag) or f" {flag}" in message:
-                return message.replace(flag, f"{flag} (from {name})", 1)
+            if message.startswith(f"{flag} ") or f" {flag} " in message:
+                return message.replace(f"{flag} ", f"{flag} (from {name}) ", 1)
         return message
 
 
@@ -85,11 +85,14 @@ def apply(ns: argparse.Namespace, options: Sequence[str], parser: argparse.Argum
     given = _given(options, parser)
     found: dict[str, str] = {}
     for dest, refusal in NOT_TAKEN.items():
-        if variable(dest) in env:
-            raise UsageError(f"{variable(dest)}: torchrun's {refusal}")
+        name = variable(dest)
+        if name in env and (dest != "virtual_local_rank" or _flag(name, env[name], refusal)):
+            raise UsageError(f"{name}: torchrun's {refusal}")
     for dest, (flag, own) in VALUES.items():
         name = variable(dest)
         if name in env and own not in given:
+            if not env[name].strip():  # torchrun would take '' (and fail, or mean nothing)
+                raise UsageError(f"{name} is empty: give {flag} a value there, or unset it")
             setattr(ns, own, env[name])
             found[flag] = name
     for dest, (flag, own) in FLAGS.items():
@@ -97,6 +100,8 @@ def apply(ns: argparse.Namespace, options: Sequence[str], parser: argparse.Argum
         if name in env and own not in given:
             setattr(ns, own, _flag(name, env[name], flag))
             found[flag] = name
+            if dest == "module":
+                found["-m"] = name  # the refusals of a module say -m
     return FromEnv(found)
 
 

@@ -239,6 +239,11 @@ class RunModel:
         self.nodes[node.node_rank] = node.state
         if node.summary is not None:
             self.summaries[node.node_rank] = (node.summary, self.clock())
+        if not node.complete:  # its row only: its other ranks' details stop here (not frozen)
+            told = {s.rank for s in node.ranks}
+            for rank, row in list(self.ranks.items()):
+                if row.node_rank == node.node_rank and rank not in told and row.pid is not None:
+                    self.ranks[rank] = RankRow(rank, row.local_rank, node_rank=row.node_rank)
         for snap in node.ranks:
             row, old = _row(snap), self.ranks.get(snap.rank)
             row.node_rank = node.node_rank
