@@ -170,6 +170,42 @@ def test_without_a_gap_output_still_counts() -> None:
     assert h.policy.stop is None and h.records[0].gap_since is None
 
 
+def test_ranks_that_destroyed_their_groups_are_no_gap_their_output_counts_again() -> None:
+    """After destroy_process_group the ranks' last counts freeze where each was last read
+    (rank 0 at 22, rank 1 at 21): a gap that is no hang. Each says its groups are gone
+    (rank/collectives.py): their last lines count again, no stall while they print; their
+    counts stay for the envelope."""
+    from forgelm_tui.channel import Message, MessageKind
+    from forgelm_tui.engine.progress import ProgressReader
+
+    h = harness(2, stall_timeout=5.0)
+    for record in h.records.values():
+        record.progress_evidence = ProgressEvidence.OUTPUT
+    _counts(h, r0={"0": 22}, r1={"0": 21})
+    h.policy.progress_checked(h.clock.now)
+    assert h.records[1].gap_since is not None  # what froze looks like a gap...
+    reader = ProgressReader(lambda event: None)
+    for rank in (0, 1):
+        reader.read_message(h.records[rank], Message(rank, MessageKind.COLLECTIVES, 0.0,
+                                                      groups={}))
+    for _ in range(30):
+        h.advance(1.0)
+        h.records[0].saw(Evidence.OUTPUT, h.clock.now)  # tearing down, printing
+        h.policy.progress_checked(h.clock.now)
+    assert h.policy.stop is None and h.records[1].gap_since is None  # ...and is none
+    assert h.records[0].collectives == {"0": 22} and h.records[0].collectives_over
+
+
+def test_a_rank_reports_its_groups_gone_once_after_it_destroyed_them() -> None:
+    from forgelm_tui.rank.collectives import to_say
+
+    said, last = [], None
+    for counts in (None, {"0": 1}, {"0": 1}, {"0": 2}, None, None):
+        what, last = to_say(counts, last)
+        said.append(what)
+    assert said == [None, {"0": 1}, None, {"0": 2}, {}, None]
+
+
 def test_a_gap_that_closes_gives_the_output_back() -> None:
     h = harness(2, stall_timeout=5.0)
     h.records[1].progress_evidence = ProgressEvidence.OUTPUT

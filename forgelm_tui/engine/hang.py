@@ -41,10 +41,11 @@ _BACKWARD_FRAME = re.compile(r":\d+ (_engine_run_backward|backward)$")
 
 
 def bounds(records: Iterable[RankRecord]) -> Bounds:
-    """The lowest and highest count of each group over the live ranks that said theirs."""
+    """The lowest and highest count of each group over the live ranks that said theirs (and
+    have not destroyed their groups since: an ending rank's last counts are no gap)."""
     found: dict[str, list[int]] = {}
     for record in records:
-        if record.alive:
+        if record.alive and not record.collectives_over:
             for group, count in record.collectives.items():
                 found.setdefault(group, []).append(count)
     return {group: (min(counts), max(counts)) for group, counts in found.items()}
@@ -78,7 +79,8 @@ def mark_gaps(records: Iterable[RankRecord], found: Bounds, now: float) -> None:
     for record in records:
         if not record.alive:
             continue
-        groups = [(found[g], count) for g, count in record.collectives.items() if g in found]
+        groups = [] if record.collectives_over else [
+            (found[g], count) for g, count in record.collectives.items() if g in found]
         in_gap = any(low < high for (low, high), _ in groups)
         record.behind = any(count < high for (_, high), count in groups)
         if not in_gap:

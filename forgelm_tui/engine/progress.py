@@ -116,6 +116,9 @@ class ProgressReader:
         the counts stay as they were: the hang is named from them (engine/hang.py)."""
         if record.stalled:
             return
+        if not message.groups:  # it destroyed its groups (rank/collectives.py): it is ending
+            record.collectives_over = bool(record.collectives)
+            return
         before = record.collectives
         record.collectives = dict(message.groups)
         if any(count > before.get(pg, 0) for pg, count in message.groups.items()):

@@ -126,6 +126,7 @@ class RankRecord:
     # How many collectives each of its process groups entered, as it last said
     # (rank/collectives.py); empty while it said nothing.
     collectives: dict[str, int] = field(default_factory=dict)
+    collectives_over: bool = False  # it destroyed its groups: its last counts are no gap's
     # A group of its stands at different counts (engine/hang.py): since when; and whether it is
     # below a group's highest count (it never entered a collective others wait in).
     gap_since: float | None = None

@@ -123,11 +123,22 @@ def _watch(report: Send) -> None:
             errors += 1
             continue
         errors = 0
-        if counts is None or counts == last:
-            continue
-        last = counts
-        with contextlib.suppress(Exception):
-            report(groups=dict(list(counts.items())[:MAX_GROUPS]))
+        said, last = to_say(counts, last)
+        if said is not None:
+            with contextlib.suppress(Exception):
+                report(groups=said)
+
+
+def to_say(counts: Counts | None, last: Counts | None) -> tuple[Counts | None, Counts | None]:
+    """What to report of a read (None: nothing), and what was last reported. Counts that
+    changed, at most MAX_GROUPS groups; once the program destroyed its groups (counts gone
+    after some were said), no group once: its last counts, frozen, are no gap of a rank
+    that is ending (the supervisor would read the ranks' different last counts as a hang)."""
+    if counts is None:
+        return ({}, None) if last else (None, last)
+    if counts == last:
+        return None, last
+    return dict(list(counts.items())[:MAX_GROUPS]), counts
 
 
 def read_counts() -> Counts | None:
