@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import os
 import shutil
@@ -19,7 +20,7 @@ from forgelm_tui.cluster.kill_wait import (
     scheduler_reaches_ranks,
 )
 from forgelm_tui.engine.spec import LaunchSpec
-from forgelm_tui.plan import pet
+from forgelm_tui.plan import pet, prefix
 from forgelm_tui.plan.forgelm import JobConfigError, find_config_arg, read_job_config
 from forgelm_tui.plan.options import (
     DEFAULT_RUN_ROOT,
@@ -111,6 +112,7 @@ class Planner:
     def _plan(self) -> Plan:
         parser = build_parser()
         options, target = split_argv(self.args, parser)
+        options, target = self._launcher(options, target, parser)
         if target.mode == "demo":
             parser = build_parser(demo=True)
             options = options + target.args[1:]
@@ -118,11 +120,7 @@ class Planner:
         ns = parser.parse_args(options)
         self.from_env = pet.apply(ns, options, parser, os.environ)  # torchrun's PET_<DEST>
         self.ns = ns
-        self.output_format = ns.output_format
-        self.info.contract = Contract(ns.exit_contract)
-        self.run_dir = (ns.run_dir or Path(DEFAULT_RUN_ROOT) / self.run_id).absolute()
-        if ns.envelope is not None:
-            self.extra_paths.append(ns.envelope.absolute())
+        self._where(ns)
         self._check_options(ns)
         grace = self._grace(ns)
         default_nproc = 2 if target.mode == "demo" else 1
@@ -139,6 +137,7 @@ class Planner:
         self.info.graceful = graceful
         self.info.collective_trace = ns.collective_trace == "on" and self.info.mode != "program"
         master_addr, port = self._rendezvous(ns, cluster)
+        assert self.run_dir is not None  # _where
         spec = LaunchSpec(
             argv=tuple(argv),
             run_id=self.run_id,
@@ -168,6 +167,25 @@ class Planner:
             warnings=[grace.warning] if grace.warning else [],
             output_ranks=parse_local_ranks(ns.local_ranks_filter, nproc),
         )
+
+    def _launcher(self, options: list[str], target: Target,
+                  parser: argparse.ArgumentParser) -> tuple[list[str], Target]:
+        """forgelm-tui torchrun ...: torchrun's options are forgelm-tui's (plan/prefix.py)."""
+        try:
+            launched = prefix.unwrap(options, target.args, _no_python(options), parser)
+        except UsageError:
+            with contextlib.suppress(UsageError):  # the refusal's envelope where it was asked
+                self._where(parser.parse_args(options))
+            raise
+        return (options, target) if launched is None else split_argv(launched, parser)
+
+    def _where(self, ns: argparse.Namespace) -> None:
+        """Where the run's envelope goes and how it is printed, once its options parsed."""
+        self.output_format = ns.output_format
+        self.info.contract = Contract(ns.exit_contract)
+        self.run_dir = (ns.run_dir or Path(DEFAULT_RUN_ROOT) / self.run_id).absolute()
+        if ns.envelope is not None:
+            self.extra_paths = [ns.envelope.absolute()]
 
     def _grace(self, ns: argparse.Namespace) -> GraceChoice:
         """The stop's grace: --grace, else fitted to the scheduler's kill window where one is
@@ -332,3 +350,11 @@ class Planner:
 def collective_env() -> dict[str, str]:
     """What asks a rank's runner to send its collective counts (rank/collectives.py)."""
     return {COLLECTIVES_ENV: "1"}
+
+
+def _no_python(options: Sequence[str]) -> bool:
+    """--no-python among forgelm-tui's options, or torchrun's PET_NO_PYTHON (plan/pet.py)."""
+    if any(o in ("--no-python", "--no_python") for o in options):
+        return True
+    value = os.environ.get("PET_NO_PYTHON", "0").strip()
+    return value.lstrip("-").isdigit() and int(value) != 0

@@ -1,0 +1,92 @@
+"""The launcher in front of which forgelm-tui is put: ``forgelm-tui [own options] torchrun ...``
+(issue 26, first part; README "From your launcher").
+
+The user's documented command, unchanged, behind the word ``forgelm-tui``: forgelm-tui's own
+options go before the launcher's word, the launcher's options and the program after it.
+
+- A launcher's word counts only as the first word after forgelm-tui's options, and only
+  spelled as a command: ``torchrun``; ``python -m torch.distributed.run`` where ``python`` is
+  ``python``, ``python3``, ``python3.N`` or an absolute path to such an interpreter. A script
+  that happens to be named ``torchrun`` is given as a path (``./torchrun``): then it is a
+  script, as any other.
+- ``--no-python`` before a launcher's word is refused (every rank would run a launcher of its
+  own), as is one of forgelm-tui's own options after it (it would be the launcher's).
+- torchrun's arguments are forgelm-tui's torchrun-compatible options: ``forgelm-tui torchrun
+  ARGS`` plans as ``forgelm-tui ARGS``. ``accelerate launch`` and ``deepspeed`` are refused in
+  one line until they are supported (the rest of issue 26).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from collections.abc import Sequence
+
+from forgelm_tui.plan.options import UsageError
+
+_PYTHON = re.compile(r"python(3(\.\d+)?)?")
+OWN_GROUP = "forgelm-tui options"
+NOT_YET = {
+    "accelerate": "accelerate launch",
+    "deepspeed": "deepspeed",
+}
+
+
+def python_word(word: str) -> bool:
+    """``python``, ``python3``, ``python3.11``, or an absolute path to one of them."""
+    name = os.path.basename(word)
+    return bool(_PYTHON.fullmatch(name)) and (word == name or os.path.isabs(word))
+
+
+def launcher_of(args: Sequence[str]) -> tuple[str, int] | None:
+    """The launcher the target begins with and how many words name it, or None."""
+    if not args:
+        return None
+    head, rest = args[0], list(args[1:3])
+    if head == "torchrun":
+        return "torchrun", 1
+    if head == "accelerate" and rest[:1] == ["launch"]:
+        return "accelerate", 2
+    if head == "deepspeed":
+        return "deepspeed", 1
+    if python_word(head) and rest == ["-m", "torch.distributed.run"]:
+        return "torchrun", 3
+    if python_word(head) and rest == ["-m", "accelerate.commands.launch"]:
+        return "accelerate", 3
+    return None
+
+
+def unwrap(options: list[str], target: Sequence[str], no_python: bool,
+           parser: argparse.ArgumentParser) -> list[str] | None:
+    """forgelm-tui's arguments with the launcher's word taken out (torchrun's options are
+    its own), or None when the target names no launcher."""
+    found = launcher_of(target)
+    if found is None:
+        return None
+    launcher, words = found
+    spelled = " ".join(target[:words])
+    if no_python:
+        raise UsageError(f"--no-python {spelled}: every rank would run a launcher of its own; "
+                         f"put forgelm-tui in front of it instead: forgelm-tui {spelled} ...")
+    if launcher in NOT_YET:
+        raise UsageError(f"forgelm-tui {spelled} ...: {NOT_YET[launcher]} is not supported "
+                         "yet; give its ranks and program with forgelm-tui's torchrun-"
+                         "compatible options (forgelm-tui --nproc-per-node N script.py ...)")
+    rest = list(target[words:])
+    _no_own_options(rest, parser, spelled)
+    return [*options, *rest]
+
+
+def _no_own_options(rest: Sequence[str], parser: argparse.ArgumentParser, spelled: str) -> None:
+    """Up to the program (the first word that is no option nor an option's value)."""
+    own = {s for group in parser._action_groups if group.title == OWN_GROUP
+           for action in group._group_actions for s in action.option_strings}
+    takes_value = {s: a.nargs != 0 for a in parser._actions for s in a.option_strings}
+    index = 0
+    while index < len(rest) and rest[index].startswith("-") and rest[index] != "--":
+        name = rest[index].split("=", 1)[0]
+        if name in own:
+            raise UsageError(f"{name} is forgelm-tui's own option: put it before {spelled!r} "
+                             f"(forgelm-tui {name} ... {spelled} ...)")
+        index += 2 if takes_value.get(name) and "=" not in rest[index] else 1
