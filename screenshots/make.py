@@ -39,6 +39,9 @@ class SnapshotOnly:
     def next_item(self) -> ev.RunSnapshot:
         return self.snapshot
 
+    def send(self, kind: str, **fields: object) -> None:
+        """Commands and ``watch`` go nowhere."""
+
 
 async def shoot_attach() -> Path:
     """`forgelm-tui attach` on the running state: the same screen, and `d` in the key line."""

@@ -261,3 +261,37 @@ def test_a_closed_nodes_ranks_are_not_kept_frozen() -> None:
     assert model.ranks[3].state is RankState.FAILED
     clock.advance(60.0)
     assert run_pace(model.ranks.values(), clock()) is None  # nothing frozen read as stopped
+
+
+class RecordingClient:
+    """A control client whose snapshot is given and which keeps what the viewer sends."""
+
+    path, supervisor_pid = None, None
+
+    def __init__(self, nnodes: int) -> None:
+        self.snapshot = ev.RunSnapshot("r", 4 * nnodes, ("x",), "/runs/x", None, (),
+                                       node_rank=0, nnodes=nnodes)
+        self.sent: list[tuple[str, dict[str, Any]]] = []
+
+    def next_item(self) -> ev.RunSnapshot:
+        return self.snapshot
+
+    def send(self, kind: str, via: str = "terminal", **fields: Any) -> None:
+        self.sent.append((kind, fields))
+
+
+@pytest.mark.parametrize(("nnodes", "said"), [(2, [("watch", {"nodes": None})]), (1, [])])
+async def test_an_attached_viewer_tells_the_run_which_nodes_it_shows(
+        nnodes: int, said: list[tuple[str, dict[str, Any]]]) -> None:
+    """A multi-node run's attached TUI says ``watch`` (docs/control.md) when what it shows
+    changes: every node while it lists every rank; nothing is said for one node."""
+    from forgelm_tui.tui.attach import AttachApp, AttachedRun
+
+    client = RecordingClient(nnodes)
+    handle = AttachedRun(client)  # type: ignore[arg-type]
+    app = AttachApp(handle, clock=FakeClock(), auto_start=False)
+    async with app.run_test(size=(120, 60)) as pilot:
+        await pilot.pause()
+        app.refresh_table()
+        app.refresh_table()  # unchanged: said once
+    assert client.sent == said

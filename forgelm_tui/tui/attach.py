@@ -278,7 +278,8 @@ class AttachApp(SupervisorApp):
     def refresh_table(self) -> None:
         super().refresh_table()
         run = self.run_handle
-        if isinstance(run, AttachedRun) and self.watching() != run.watched:
+        if isinstance(run, AttachedRun) and self.model.nnodes > 1 \
+                and self.watching() != run.watched:
             run.watch(self.watching())
 
     def _reconnecting(self) -> None:
