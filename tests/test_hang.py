@@ -206,6 +206,25 @@ def test_a_rank_reports_its_groups_gone_once_after_it_destroyed_them() -> None:
     assert said == [None, {"0": 1}, None, {"0": 2}, {}, None]
 
 
+def test_a_rank_says_its_groups_are_over_when_its_program_ends(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """At exit (atexit, before torch's own handlers), whatever the watcher thread said last:
+    a CI run stalled two ranks in their interpreter teardown (garbage collecting, seconds on a
+    loaded machine) on counts frozen at 62 and 64, the watcher already gone."""
+    import atexit
+
+    from forgelm_tui.rank import collectives
+
+    registered: list[Any] = []
+    monkeypatch.setattr(atexit, "register", lambda f, *args: registered.append((f, args)))
+    monkeypatch.setattr(collectives, "_watch", lambda report: None)  # no thread needed here
+    sent: list[tuple[Any, dict[str, Any]]] = []
+    collectives._start(lambda kind, **fields: sent.append((kind, fields)))
+    ((callback, args),) = registered
+    callback(*args)
+    assert [fields for _, fields in sent] == [{"groups": {}}]
+
+
 def test_a_gap_that_closes_gives_the_output_back() -> None:
     h = harness(2, stall_timeout=5.0)
     h.records[1].progress_evidence = ProgressEvidence.OUTPUT

@@ -22,6 +22,7 @@ watching, silently.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import importlib.machinery
@@ -72,6 +73,15 @@ def _start(send: Send | None) -> None:
     report = functools.partial(send, MessageKind.COLLECTIVES)
     threading.Thread(target=_watch, args=(report,), name="forgelm-tui-collectives",
                      daemon=True).start()
+    atexit.register(ending, report)  # before torch's own exit handlers run (last in, first out)
+
+
+def ending(report: Send) -> None:
+    """The program is over (it returned, or sys.exit): its groups make no gap from now on,
+    whatever the watcher said last (a daemon thread: the interpreter's teardown, seconds on a
+    busy machine, may come before its next read)."""
+    with contextlib.suppress(Exception):
+        report(groups={})
 
 
 class _AfterImport:  # a meta path finder (importlib.abc's base costs 8 ms to import)
