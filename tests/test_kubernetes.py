@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -22,15 +23,16 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def pod(index: int, pods: int, port: int, tmp_path: Path, *args: str,
-        master: str = "127.0.0.1", extra: dict[str, str] | None = None) -> Node:
+        master: str = "127.0.0.1", extra: dict[str, str] | None = None,
+        wrap: Sequence[str] = ()) -> Node:
     """A PyTorchJob pod's container: the operator's variables exactly (trainer v1.9,
     pkg/controller.v1/pytorch: envvar.go, master.go), ``nprocPerNode: "2"``."""
     env = {"PET_NNODES": str(pods), "PET_NODE_RANK": str(index), "PET_NPROC_PER_NODE": "2",
            "PET_MASTER_ADDR": master, "PET_MASTER_PORT": str(port), "MASTER_ADDR": master,
            "MASTER_PORT": str(port), "WORLD_SIZE": str(pods * 2), "RANK": str(index),
            "PYTHONUNBUFFERED": "1", **(extra or {})}
-    cmd = [sys.executable, "-m", "forgelm_tui", "--no-tui", "--run-dir", str(tmp_path / "run"),
-           *args]
+    cmd = [*wrap, sys.executable, "-m", "forgelm_tui", "--no-tui", "--run-dir",
+           str(tmp_path / "run"), *args]
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=cli_env(env), stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True, preexec_fn=dies_with_the_test)
@@ -54,10 +56,14 @@ def test_two_pods_with_only_the_operators_variables_are_one_run_with_the_true_co
 def test_a_master_whose_name_does_not_resolve_yet_is_waited_for_with_a_line(
         tmp_path: Path) -> None:
     """Pods start in any order: node 0's service name may not resolve yet. Retried until
-    --join-timeout (then 1, naming it), never refused at once. The name is in the .invalid
-    domain (RFC 6761: never resolves; a slow resolver only makes this test slower)."""
+    --join-timeout (then 1, naming it), never refused at once. No resolver is asked (no test
+    depends on the network: one here took 5 s to answer once): the pod runs in a network
+    namespace of its own (as root, as CI), where the lookup fails at once; elsewhere glibc is
+    told to give up on a resolver after 1 s (RES_OPTIONS), and the name is in .invalid."""
     name = "job-master-0.forgelm-tui-test.invalid"
-    node = pod(1, 2, free_port_pair(), tmp_path, "--join-timeout", "3", "demo", master=name)
+    wrap = ["unshare", "--net"] if can_unshare() else []
+    node = pod(1, 2, free_port_pair(), tmp_path, "--join-timeout", "3", "demo", master=name,
+               extra={"RES_OPTIONS": "timeout:1 attempts:1", "LOCALDOMAIN": ""}, wrap=wrap)
     assert node.wait(60) == 1
     out, err = node.output()
     err = out + err  # the headless lines
