@@ -57,7 +57,7 @@ def test_no_early_pass_once_this_nodes_stop_began_nor_for_a_stall() -> None:
     try:
         assert not EarlyStop().signal(stop(StopKind.STALL), records)  # the stacks come first
         closed = EarlyStop()
-        assert closed.close() is None
+        closed.close()
         assert not closed.signal(stop(), records)
         time.sleep(0.2)
         assert procs[0].poll() is None  # never signalled

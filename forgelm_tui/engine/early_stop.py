@@ -68,10 +68,9 @@ class EarlyStop:
             pending, self._pending = self._pending, None
             return pending
 
-    def close(self) -> StopRecord | None:
-        """The loop: no early pass from now on (an early one under way ends first). The stop
-        sent early and not applied yet, if any (once)."""
+    def close(self) -> None:
+        """The loop: no early pass from now on (an early one under way ends first); a stop
+        sent early is the loop's to apply from here (its own message, or an exit first)."""
         with self._lock:
             self._closed = True
-            pending, self._pending = self._pending, None
-            return pending
+            self._pending = None
