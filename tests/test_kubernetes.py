@@ -110,6 +110,37 @@ def test_the_join_says_once_that_node_0s_name_does_not_resolve_and_again_after_i
     assert joiner.unresolved
 
 
+def test_the_join_tries_node_0_once_even_when_importing_torch_used_the_join_timeout_up(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """CI (a loaded machine) took longer than a 3 s join timeout to import torch, and the join
+    gave up before asking: "never answered" for a name that never resolved. One try first."""
+    from forgelm_tui.cluster import join
+    from forgelm_tui.cluster.config import ClusterConfig
+    from forgelm_tui.cluster.join import Joiner, JoinRefused
+
+    asked: list[str] = []
+
+    def resolve(host: str, port: object, **kwargs: object) -> list[object]:
+        asked.append(host)
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolve)
+    monkeypatch.setattr(join, "_is_local", lambda host: False)
+    now = [0.0]
+    config = ClusterConfig(2, 1, "job-master-0", 23457, "job-master-0", 23456, "r", True, 2,
+                           join_timeout=3.0)
+    lines: list[str] = []
+    joiner = Joiner(config, lambda: False, clock=lambda: now[0], notice=lines.append)
+    now[0] = 10.0  # the import took 10 s
+    with pytest.raises(JoinRefused) as refused:
+        joiner._open()
+    assert asked == ["job-master-0"]
+    assert str(refused.value) == ("node 0's address job-master-0 never resolved: join timeout "
+                                  "of 3 s")
+    assert lines == ["node 0's address job-master-0 does not resolve yet: retrying until the "
+                     "join timeout (3 s)"]
+
+
 # ---------------------------------------------------------------------- PID 1 of its container
 
 ORPHAN_THEN_WAIT = """

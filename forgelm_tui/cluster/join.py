@@ -131,21 +131,20 @@ class Joiner:
                 if cfg.node_rank == 0:
                     raise JoinRefused(f"{exc} (the control store listens at --rdzv-endpoint's "
                                       "port, else --master-port + 1)") from None
-        while True:
+        while True:  # one try at least: importing torch may have used the time up
+            if self.cancelled():
+                raise JoinCancelled()
+            listening = _listening(cfg.store_host, cfg.store_port)
+            self._resolves(cfg.store_host, listening is not None)
+            if listening:  # torch's client retries on its own for seconds: ask first
+                with contextlib.suppress(StoreLost, StoreTimeout):
+                    self.store = ControlStore.connect(cfg.store_host, cfg.store_port,
+                                                      min(CONNECT_TRY, self._left()))
+                    return self.store
             self._check_time(f"node 0's address {cfg.store_host} never resolved"
                              if self.unresolved else f"the control store at {cfg.store_host}:"
                              f"{cfg.store_port} never answered (is node 0 started?)")
-            listening = _listening(cfg.store_host, cfg.store_port)
-            self._resolves(cfg.store_host, listening is not None)
-            if not listening:
-                time.sleep(POLL)  # torch's client retries on its own for seconds: ask first
-                continue
-            try:
-                self.store = ControlStore.connect(cfg.store_host, cfg.store_port,
-                                                  min(CONNECT_TRY, self._left()))
-                return self.store
-            except (StoreLost, StoreTimeout):
-                time.sleep(POLL)
+            time.sleep(POLL)
 
     def _resolves(self, host: str, resolved: bool) -> None:
         """Node 0's name may not resolve yet (Kubernetes: its pod and service come up in any
