@@ -85,14 +85,25 @@ def start_nodes(nnodes: int, target: Sequence[str], tmp_path: Path, *,
 NODE_LOCAL = {"node_rank", "run_dir", "command"}
 
 
+def _shared(envelope: dict[str, Any]) -> dict[str, Any]:
+    """An envelope without its node-local fields (each attempt's run dir is one too)."""
+    shared = {k: v for k, v in envelope.items() if k not in NODE_LOCAL}
+    shared["attempts"] = [{k: v for k, v in a.items() if k != "run_dir"}
+                          for a in envelope.get("attempts", [])]
+    return shared
+
+
 def same_envelopes(nodes: Sequence[Node]) -> dict[str, Any]:
     """Every node wrote the same envelope, but for the documented node-local fields."""
     envelopes = [n.envelope() for n in nodes]
-    first = {k: v for k, v in envelopes[0].items() if k not in NODE_LOCAL}
+    first = _shared(envelopes[0])
     for node, envelope in zip(nodes, envelopes, strict=True):
         assert envelope["node_rank"] == node.rank
         assert envelope["run_dir"] == str(node.run_dir)
-        mine = {k: v for k, v in envelope.items() if k not in NODE_LOCAL}
+        for attempt in envelope.get("attempts", []):
+            assert attempt["run_dir"] == str(node.run_dir if attempt["attempt"] == 0 else
+                                             node.run_dir / f"attempt-{attempt['attempt']}")
+        mine = _shared(envelope)
         assert mine == first, {k: (first.get(k), mine.get(k)) for k in {*first, *mine}
                                if first.get(k) != mine.get(k)}
     return envelopes[0]

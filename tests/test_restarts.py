@@ -120,8 +120,6 @@ def test_a_cancel_during_the_backoff_ends_the_run_at_once(tmp_path: Path, marks:
 
 
 @pytest.mark.parametrize(("args", "expected"), [
-    (["--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1", "--master-port",
-      "29400"], "--max-restarts: restarts need one node"),
     (["--max-restarts", "two"], "--max-restarts must be a whole number"),
     (["--max-restarts", "-1"], "--max-restarts must not be negative"),
     (["--restart-backoff", "-1"], "--restart-backoff must not be negative"),

@@ -97,7 +97,9 @@ def cluster_config(ns: argparse.Namespace, nproc: int, run_id: str,
     if ns.rdzv_endpoint:
         store_host, store_port = _endpoint(ns.rdzv_endpoint)
         master_addr = _host(ns.master_addr, "--master-addr") if ns.master_addr else store_host
-        master_port = _port(ns.master_port, "--master-port") if ns.master_port else store_port + 1
+        # None: node 0 picks a free one on its machine for each attempt and publishes it
+        # (torchrun's c10d rendezvous: a restart never meets the old rank 0's port)
+        master_port = _port(ns.master_port, "--master-port") if ns.master_port else None
     else:
         if ns.master_addr is None or ns.master_port is None:
             raise UsageError("--nnodes > 1 needs --master-addr and --master-port (node 0's "

@@ -118,6 +118,71 @@ class Joiner:
         return Membership(run["run_id"], node_rank, cfg.nnodes, run["master_addr"],
                           run["master_port"], nodes, self.hosting)
 
+    def rejoin(self, run_id: str, node_rank: int, attempt: int) -> Membership:
+        """Restart ``attempt`` (1, 2...): the same nodes join again under the attempt's own
+        keys (``<run>/attempt-K/``: its stop, heartbeats, verdict start empty). Node 0 picks
+        a free master port again unless one was given and publishes it (a restart never
+        meets the port the old rank 0 still holds). A node that never comes back, or a
+        cancel during the backoff on any node (its ``abort``), refuses the restart."""
+        cfg, store = self.config, self.store
+        assert store is not None
+        self.deadline = self.clock() + cfg.join_timeout
+        self.registered = False
+        store.set_timeout(min(CALL_WAIT, self._left()))
+        store.scoped(f"{run_id}/attempt-{attempt}")
+        if self.hosting:
+            store.set("run", {"master_addr": cfg.master_addr,
+                              "master_port": cfg.master_port or _free_port()})
+        while not store.has(["run"]):
+            self._check_abort(store)
+            self._check_time("node 0 never published the restart")
+            time.sleep(POLL)
+        run = store.get("run")
+        me = NodeInfo(node_rank, socket.gethostname(), os.getpid(), cfg.nproc, cfg.version,
+                      os.urandom(8).hex())
+        held = store.first(f"node/{node_rank}", asdict(me))
+        self.registered = held == asdict(me)
+        if not self.registered:
+            self._refuse(store, f"node rank {node_rank} joined restart {attempt} twice")
+        store.set(f"beat/{node_rank}", {"seq": 0, "phase": "joining"})
+        host = "127.0.0.1" if self.hosting else cfg.store_host
+        self.spares = [store.client(host, cfg.store_port, max(CONNECT_TRY, self._left()))
+                       for _ in range(SPARES)]
+        nodes = self._wait_for_all(store)
+        return Membership(run_id, node_rank, cfg.nnodes, run["master_addr"],
+                          run["master_port"], nodes, self.hosting)
+
+    def abort_restart(self, run_id: str, attempt: int, message: str,
+                      cancel: dict[str, Any]) -> dict[str, Any]:
+        """A cancel during the backoff: every node's restart is refused with the first one
+        (first writer wins: the record every node ends with); this one when the store is
+        gone."""
+        mine = {"message": message, "cancel": cancel}
+        if self.store is None:
+            return mine
+        try:
+            self.store.scoped(f"{run_id}/attempt-{attempt}")
+            return dict(self.store.first("abort", mine))
+        except (StoreLost, StoreTimeout):
+            return mine
+
+    def watch_restart(self, run_id: str, attempt: int, until: Callable[[], bool],
+                      ) -> dict[str, Any] | None:
+        """During the backoff: another node's cancel (its abort record), if one comes before
+        ``until()``; on a connection of its own (the link's are closed by now)."""
+        assert self.store is not None
+        host = "127.0.0.1" if self.hosting else self.config.store_host
+        try:
+            watcher = self.store.client(host, self.config.store_port, CALL_WAIT)
+            watcher.scoped(f"{run_id}/attempt-{attempt}")
+            while not until():
+                abort = watcher.wait_get("abort", MEMBERS_WAIT)
+                if abort is not None:
+                    return dict(abort)
+        except (StoreLost, StoreTimeout):
+            return None
+        return None
+
     # ------------------------------------------------------------------ steps
 
     def _open(self) -> ControlStore:
@@ -189,10 +254,7 @@ class Joiner:
             members = store.wait_get("members", MEMBERS_WAIT)
             if members is not None:
                 return tuple(NodeInfo(**v) for v in members)
-            if store.has(["abort"]):
-                abort = store.get("abort")
-                self._seen_abort(store)
-                raise JoinRefused(abort["message"], abort.get("stop"))
+            self._check_abort(store)
             if self.cancelled():
                 raise JoinCancelled()
             if self.clock() >= self.deadline:
@@ -202,6 +264,13 @@ class Joiner:
                              f"timeout of {self.config.join_timeout:g} s")
 
     # ------------------------------------------------------------------ failing
+
+    def _check_abort(self, store: ControlStore) -> None:
+        """Another node published why the run (or the restart) cannot start."""
+        if store.has(["abort"]):
+            abort = store.get("abort")
+            self._seen_abort(store)
+            raise JoinRefused(abort["message"], abort.get("stop"))
 
     def _refuse(self, store: ControlStore, message: str) -> None:
         """Publish why the run cannot start (the first reason wins) and refuse with it."""

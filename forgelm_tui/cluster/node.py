@@ -8,13 +8,16 @@ import contextlib
 import dataclasses
 import os
 import socket
+import threading
 import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, Protocol
 
 from forgelm_tui.cluster import agreement
 from forgelm_tui.cluster.join import JoinCancelled, Joiner, JoinRefused, Membership
 from forgelm_tui.cluster.link import NodeLink
+from forgelm_tui.cluster.restart import ClosedAttempt, decide_attempt, run_outcome
 from forgelm_tui.cluster.store import ControlStore, StoreLost, StoreTimeout
 from forgelm_tui.cluster.summary import LinkPeers
 from forgelm_tui.cluster.views import node_changed
@@ -23,8 +26,12 @@ from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.codec import DecodeError, decode, encode, to_wire
 from forgelm_tui.engine.events import NodeState
 from forgelm_tui.engine.hooks import Hooks
+from forgelm_tui.engine.records import CancelRequest
+from forgelm_tui.engine.restart_policy import RestartDecision
+from forgelm_tui.engine.spec import LaunchSpec
 from forgelm_tui.engine.supervisor import Supervisor
 from forgelm_tui.envelope import build as env_mod
+from forgelm_tui.envelope.entries import cancelled_entry
 from forgelm_tui.envelope.write import write_each
 from forgelm_tui.plan.planner import Plan
 from forgelm_tui.private_files import make_private_dir
@@ -54,18 +61,27 @@ class NodeRun:
         self.session = session
         self.config = session.plan.cluster
         self.peers = peers
-        self.sup = session.supervisor
         session.hooks.before_launch = self.join
         session.hooks.local_done = self.local_done
         self.joiner: Joiner | None = None
         self.membership: Membership | None = None
         self.link: NodeLink | None = None
         self.own_final: dict[str, Any] | None = None
+        self.last: RunOutcome | None = None  # the last ended attempt's agreed outcome
+        self.backoff_abort: dict[str, Any] | None = None  # a cancel during the backoff
+
+    @property
+    def sup(self) -> Supervisor:
+        """The attempt under way's supervisor."""
+        return self.session.supervisor
 
     # ------------------------------------------------------------------ before the launch
 
     async def join(self) -> None:
         loop = asyncio.get_running_loop()
+        if self.sup.spec.restart_count > 0:  # a restart: every node joined it already
+            self._start_link(loop)
+            return
 
         def notice(text: str) -> None:  # the join's thread: a line for the views
             loop.call_soon_threadsafe(self.sup.emit, ev.RunNotice(text, time.time()))
@@ -94,8 +110,12 @@ class NodeRun:
             self.sup.refuse_launch(error)
             return
         self.membership = membership
-        assert joiner.store is not None
-        hooks = self.session.hooks
+        self._start_link(loop)
+
+    def _start_link(self, loop: asyncio.AbstractEventLoop) -> None:
+        joiner, membership, hooks = self.joiner, self.membership, self.session.hooks
+        assert joiner is not None and joiner.store is not None and membership is not None
+        self.own_final = None
         self.link = NodeLink(self.sup, membership, self.config, joiner.store, self.peers,
                              watching=lambda: hooks.watching(), spares=joiner.spares)
         self.link.start(loop)
@@ -144,20 +164,48 @@ class NodeRun:
 
     # ------------------------------------------------------------------ the verdict
 
-    async def finish(self) -> RunEnding:
+    async def close_attempt(self) -> tuple[RestartDecision, float]:
+        """Every node's ranks of the attempt ended: node 0 decides its verdict and whether
+        the run restarts, once for every node (cluster/restart.py); the others read both."""
         report = self.session.report
         if self.link is None or self.membership is None:
-            return report.final()  # never joined (refused or cancelled): decided alone
+            return report.close_attempt()  # never joined (refused or cancelled): alone
+        closed: ClosedAttempt | None
         try:
             if self.membership.node_rank == 0:
-                ending = await self._decide_and_publish()
+                closed = await self._decide_and_publish()
             else:
-                ending = await self._await_verdict()
+                closed = await self._await_verdict()
         finally:
             self.link.close()
-        return ending
+        if closed is None:  # decided without agreement: the run ends here
+            return RestartDecision(False, "decided without agreement"), 0.0
+        self.last = closed.outcome
+        report.started_at = closed.started_at
+        report.attempts.append(closed.entry(self.session.plan.info, str(self.sup.spec.run_dir)))
+        if closed.decision.restart:  # on disk while it waits: a scheduler's SIGKILL finds it
+            self._write_copy(self.run_outcome(provisional=True))
+        return closed.decision, closed.delay
 
-    async def _decide_and_publish(self) -> RunEnding:
+    async def finish(self) -> RunEnding:
+        """The run's envelope on this node: the last attempt's agreed outcome with every
+        attempt's entry (or what this node decided alone)."""
+        report = self.session.report
+        if report.ending is not None:  # decided without agreement
+            return report.ending
+        if self.last is None:
+            return report.final()  # never joined: decided alone
+        return self._write(self.run_outcome())
+
+    def run_outcome(self, *, provisional: bool = False) -> RunOutcome:
+        assert self.last is not None
+        report = self.session.report
+        return run_outcome(self.last, report.attempts, self.session.plan.spec.max_restarts,
+                           report.started_at, provisional=provisional,
+                           cancelled=None if self.backoff_abort is None
+                           else self.backoff_abort.get("cancel"), scheduler=report.scheduler)
+
+    async def _decide_and_publish(self) -> ClosedAttempt:
         link, loop = self._link(), asyncio.get_running_loop()
         assert self.own_final is not None
         finals = {0: self.own_final, **link.finals}
@@ -170,15 +218,19 @@ class NodeRun:
                                           rank0_decides=self.session.plan.forgelm_mode,
                                           lost=link.lost_before_failure())
         nodes = [decode(NodeOutcome, finals[n]["outcome"]) for n in sorted(finals)]
+        report, sup = self.session.report, self.sup
         outcome = dataclasses.replace(
-            self.session.report.outcome(provisional=False), verdict=verdict, nodes=tuple(nodes),
-            stop=None if stop is None else agreement.agreed_stop(self.sup.stop, stop),
+            report.outcome(provisional=False), verdict=verdict, nodes=tuple(nodes),
+            stop=None if stop is None else agreement.agreed_stop(sup.stop, stop),
             agreement=Agreement(True, 0, tuple(lost), self.membership_nnodes()))
+        closed = decide_attempt(outcome, sup, self.session.plan,
+                                report.started_at or sup.started_at)
         waiting = [n for n in range(1, self.membership_nnodes()) if n not in lost]
-        await loop.run_in_executor(None, _publish_verdict, store, outcome, len(waiting))
-        return self._write(outcome)
+        await loop.run_in_executor(None, _publish_verdict, store, closed,
+                                   0 if closed.decision.restart else len(waiting))
+        return closed
 
-    async def _await_verdict(self) -> RunEnding:
+    async def _await_verdict(self) -> ClosedAttempt | None:
         link, loop = self._link(), asyncio.get_running_loop()
         deadline = time.monotonic() + max(2 * self.config.node_timeout, 10.0)
         published = None
@@ -190,14 +242,15 @@ class NodeRun:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(link.verdict_ready.wait(), 0.25)
         if published is None:
-            return self._without_agreement(link.store_lost or "no verdict from node 0 in time")
+            self._without_agreement(link.store_lost or "no verdict from node 0 in time")
+            return None
         try:
-            outcome = decode(RunOutcome, published["outcome"])
-        except (DecodeError, KeyError) as exc:
-            return self._without_agreement(f"node 0's outcome could not be read ({exc})")
-        ending = self._write(outcome)
+            closed = ClosedAttempt.from_wire(published)
+        except (DecodeError, KeyError, TypeError) as exc:
+            self._without_agreement(f"node 0's outcome could not be read ({exc})")
+            return None
         await loop.run_in_executor(None, _ack, link.store)  # node 0 may leave now: it is last
-        return ending
+        return closed
 
     def _without_agreement(self, why: str) -> RunEnding:
         report = self.session.report
@@ -208,14 +261,79 @@ class NodeRun:
 
     def _write(self, outcome: RunOutcome) -> RunEnding:
         """This node's copy of the run's outcome: its own run dir, node rank and command."""
-        plan = self.session.plan
-        envelope, written, errors = write_each(plan.envelope_paths, lambda failed: env_mod.build(
-            plan.info, outcome, run_dir=str(plan.spec.run_dir), not_written=failed))
+        envelope, written, errors = self._write_copy(outcome)
         path = written[0] if written else None
         ending = RunEnding(outcome.verdict, envelope, path, tuple(errors), tuple(written))
         self.session.report.ending = ending
         self.sup.emit(ev.VerdictReached(outcome.verdict, path))
         return ending
+
+    def _write_copy(self, outcome: RunOutcome) -> tuple[dict[str, Any], list[str], list[str]]:
+        plan = self.session.plan
+        return write_each(plan.envelope_paths, lambda failed: env_mod.build(
+            plan.info, outcome, run_dir=str(plan.spec.run_dir), not_written=failed))
+
+    # ------------------------------------------------------------------ a restart
+
+    async def rejoin(self, attempt: int, spec: LaunchSpec,
+                     cancelled: Callable[[], bool]) -> tuple[LaunchSpec, str | None]:
+        """Restart ``attempt``: every node joins it again (cluster/join.py); the spec with
+        the attempt's master port, or why the restart cannot start."""
+        joiner, loop = self.joiner, asyncio.get_running_loop()
+        assert joiner is not None and self.membership is not None
+        joiner.cancelled = cancelled
+        try:
+            membership = await loop.run_in_executor(None, joiner.rejoin, spec.run_id,
+                                                    spec.node_rank, attempt)
+        except JoinRefused as exc:
+            return spec, f"the restart could not start: {exc}"
+        except JoinCancelled:
+            return spec, "cancelled while the nodes joined the restart"
+        except (StoreLost, StoreTimeout) as exc:
+            return spec, f"the restart could not start: control store: {exc}"
+        self.membership = membership
+        spec = dataclasses.replace(spec, master_addr=membership.master_addr,
+                                   master_port=membership.master_port)
+        plan = self.session.plan
+        self.session.plan = plan = dataclasses.replace(  # the envelope's launch facts
+            plan, info=dataclasses.replace(plan.info, spec=spec))
+        self.session.report.plan = plan
+        return spec, None
+
+    async def abort_restart(self, attempt: int, cancel: CancelRequest) -> str:
+        """A cancel during the backoff (here, or another node's): every node ends the run,
+        saying the first cancel (its node, who asked); why the restart did not happen."""
+        joiner, loop = self.joiner, asyncio.get_running_loop()
+        assert joiner is not None
+        entry = cancelled_entry(cancel, 1)
+        self.backoff_abort = abort = await loop.run_in_executor(
+            None, joiner.abort_restart, self.session.plan.spec.run_id, attempt,
+            f"cancelled during the backoff on node {self.sup.spec.node_rank} by "
+            f"{entry['by']}", entry)
+        return str(abort["message"])
+
+    @contextlib.asynccontextmanager
+    async def watching_backoff(self, attempt: int,
+                               cancel: Callable[[dict[str, Any]], None]) -> AsyncIterator[None]:
+        """While the backoff waits: another node's cancel ends it here too."""
+        joiner, loop = self.joiner, asyncio.get_running_loop()
+        if joiner is None or self.membership is None:
+            yield
+            return
+        done = threading.Event()
+        watch = loop.run_in_executor(None, joiner.watch_restart, self.session.plan.spec.run_id,
+                                     attempt, done.is_set)
+
+        def seen(future: asyncio.Future[dict[str, Any] | None]) -> None:
+            abort = None if future.cancelled() else future.result()
+            if abort is not None and not done.is_set():
+                cancel(abort)
+
+        watch.add_done_callback(seen)
+        try:
+            yield
+        finally:
+            done.set()
 
     def _link(self) -> NodeLink:
         assert self.link is not None
@@ -234,8 +352,8 @@ def _first(store: ControlStore, key: str) -> dict[str, Any] | None:
         return None
 
 
-def _publish_verdict(store: ControlStore, outcome: RunOutcome, waiting: int) -> None:
-    store.set("verdict", {"outcome": encode(outcome)})
+def _publish_verdict(store: ControlStore, closed: ClosedAttempt, waiting: int) -> None:
+    store.set("verdict", closed.to_wire())
     store.broadcast({"kind": "verdict"})
     deadline = time.monotonic() + ACK_WAIT
     while store.add("acks", 0) < waiting and time.monotonic() < deadline:

@@ -229,9 +229,6 @@ class Planner:
         node = "x" if cluster.node_rank is None else cluster.node_rank
         self.run_dir = (root / f"node-{node}").absolute()
         self.info.nnodes = cluster.nnodes
-        if self.info.max_restarts:
-            raise UsageError("--max-restarts: restarts need one node (--nnodes 1) until a "
-                             "coordinated multi-node restart is designed")
         self.info.node_rank = cluster.node_rank or 0
 
     def _check_options(self, ns: argparse.Namespace) -> None:

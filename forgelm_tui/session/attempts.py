@@ -11,13 +11,15 @@ import asyncio
 import contextlib
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 from forgelm_tui.engine import events as ev
 from forgelm_tui.engine.events import Purpose
 from forgelm_tui.engine.guardian import Guardian
-from forgelm_tui.engine.records import CancelRequest
+from forgelm_tui.engine.policy import Peers
+from forgelm_tui.engine.records import CancelRequest, CancelSource
 from forgelm_tui.engine.restart_policy import AttemptFacts
 from forgelm_tui.engine.spec import LaunchSpec
 from forgelm_tui.engine.supervisor import Supervisor
@@ -67,8 +69,10 @@ class AttemptChain:
     """The supervisors of a run's attempts, one at a time, each with every listener the views
     subscribed (in order); the wait between two attempts; the attempt under way."""
 
-    def __init__(self, first: Supervisor, guardian: Guardian | None) -> None:
+    def __init__(self, first: Supervisor, guardian: Guardian | None,
+                 peers: Peers | None = None) -> None:
         self.supervisor = first
+        self._peers = peers  # the other nodes, as every attempt's policy sees them
         self.attempt: ev.AttemptStarted | None = None  # None without --max-restarts
         self.backoff: Backoff | None = None  # while waiting for the next attempt
         self._guardian = guardian
@@ -96,20 +100,33 @@ class AttemptChain:
 
     async def wait(self, delay: float) -> CancelRequest | None:
         """The backoff; the cancel that ended it early, if one did."""
+        async with self.between() as backoff:
+            waited = await backoff.wait(delay)
+        return None if waited else backoff.cancel_request
+
+    @contextlib.asynccontextmanager
+    async def between(self) -> AsyncIterator[Backoff]:
+        """Between two attempts (the backoff; on several nodes, the join of the next one too):
+        a cancel or a signal ends the run instead of reaching a supervisor."""
         self.backoff = backoff = Backoff()
         try:
-            waited = await backoff.wait(delay)
+            yield backoff
         finally:
             self.backoff = None
-        return None if waited else backoff.cancel_request
 
     def next(self, spec: LaunchSpec) -> Supervisor:
         """The next attempt's supervisor: the same listeners, the same hooks."""
-        self.supervisor = Supervisor(spec, guardian=self._guardian,
+        self.supervisor = Supervisor(spec, guardian=self._guardian, peers=self._peers,
                                      hooks=self.supervisor.hooks)
         for listener in self._listeners:
             self.supervisor.subscribe(listener)
         return self.supervisor
+
+
+def remote_cancel(abort: dict[str, Any]) -> CancelRequest:
+    """Another node's cancel during the backoff (its abort record), as this node's."""
+    return CancelRequest(CancelSource.NODE, str(abort.get("message", "another node")),
+                         signal.SIGTERM, time.time(), "stop")
 
 
 def make_attempt_dir(path: Path) -> str | None:

@@ -22,6 +22,7 @@ from forgelm_tui.engine.hooks import Hooks
 from forgelm_tui.engine.loop import new_loop
 from forgelm_tui.engine.own_signals import OwnSignals, take_senders
 from forgelm_tui.engine.records import CancelRequest, CancelSource
+from forgelm_tui.engine.restart_policy import RestartDecision
 from forgelm_tui.engine.signal_inbox import Sender
 from forgelm_tui.engine.supervisor import Supervisor
 from forgelm_tui.envelope.build import without_attempts
@@ -30,7 +31,7 @@ from forgelm_tui.envelope.write import write_each
 from forgelm_tui.headless.view import HeadlessView, OutputSink
 from forgelm_tui.plan.planner import Plan, RunInfo
 from forgelm_tui.redact import redact_argv, redact_text
-from forgelm_tui.session.attempts import AttemptChain, make_attempt_dir
+from forgelm_tui.session.attempts import AttemptChain, Backoff, make_attempt_dir, remote_cancel
 from forgelm_tui.session.ending import RunEnding
 from forgelm_tui.session.internal_error import report_internal_error
 from forgelm_tui.session.report import RunReport
@@ -59,7 +60,7 @@ class Session:
             peers = LinkPeers()
         self.hooks = Hooks()  # the node's join and publish, the view's hang-up: every attempt's
         self.chain = AttemptChain(Supervisor(plan.spec, guardian=guardian, peers=peers,
-                                             hooks=self.hooks), guardian)
+                                             hooks=self.hooks), guardian, peers)
         self.report = RunReport(plan, supervisor=self.supervisor)
         self.subscribe(self.report.on_event)
         self.scheduler_cause = SchedulerCause(os.environ, lambda: self.supervisor,
@@ -171,27 +172,52 @@ class Session:
                 self.chain.announce(0, self.plan.spec.max_restarts, "", 0.0)
             while True:
                 await self.chain.supervise()
-                decision, delay = self.report.close_attempt()
+                decision, delay = await self._close_attempt()
                 if not decision.restart or not await self._restart(decision.why, delay):
                     return
         finally:
             signals.remove()
 
+    async def _close_attempt(self) -> tuple[RestartDecision, float]:
+        if self.node is None:
+            return self.report.close_attempt()
+        self.report.scheduler = await self.scheduler_cause.settle()  # in node 0's record
+        return await self.node.close_attempt()  # one decision for every node
+
     async def _restart(self, why: str, delay: float) -> bool:
-        """Wait ``delay`` (a cancel ends the run at once), then the next attempt's supervisor."""
+        """Wait ``delay`` (a cancel ends the run at once; on several nodes, a cancel on any
+        node), then the next attempt's supervisor (on several nodes, once every node joined
+        it: cluster/node.py)."""
         attempt = self.supervisor.spec.restart_count + 1
         self.chain.announce(attempt, self.plan.spec.max_restarts, why, delay)
-        cancel = await self.chain.wait(delay)
-        if cancel is not None:
-            self.report.no_restart(f"cancelled during the backoff by {cancel.origin}", cancel)
-            return False
         spec = self.plan.spec.for_attempt(attempt)
-        error = make_attempt_dir(spec.run_dir)
+        async with self.chain.between() as backoff:
+            error = await self._between(backoff, attempt, delay)
+            if error is None and self.node is not None:
+                spec, error = await self.node.rejoin(
+                    attempt, spec, lambda: backoff.cancel_request is not None)
+            cancel = backoff.cancel_request
+        if cancel is not None:
+            error = f"cancelled during the backoff by {cancel.origin}" if self.node is None \
+                else await self.node.abort_restart(attempt, cancel)
         if error is not None:
-            self.report.no_restart(error)
+            self.report.no_restart(error, cancel)
             return False
         self.report.supervisor = self.chain.next(spec)
         return True
+
+    async def _between(self, backoff: Backoff, attempt: int, delay: float) -> str | None:
+        """The backoff (on several nodes, another node's cancel ends it too), then the
+        attempt's directory; why the restart cannot start, if it cannot."""
+        if self.node is None:
+            await backoff.wait(delay)
+        else:
+            async with self.node.watching_backoff(attempt, lambda abort: backoff.cancel(
+                    remote_cancel(abort))):
+                await backoff.wait(delay)
+        if backoff.cancel_request is not None:
+            return None
+        return make_attempt_dir(self.plan.spec.for_attempt(attempt).run_dir)
 
     def _node_rank(self) -> int | None:
         return self.plan.spec.node_rank if self.plan.cluster is not None else None

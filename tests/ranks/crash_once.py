@@ -3,7 +3,8 @@
 argv: MARKS RANK HOW [N]: HOW is ``exit:CODE`` or ``signal:NUMBER``; N (default 1) how many
 times it fails (``always``: every time; ``hang``: never, every rank sleeps until stopped).
 Every rank records its attempt as torchrun's variables say it (``env-<rank>-<restart
-count>``); the other ranks end with 0 after half a second.
+count>``, its MASTER_PORT in ``port-<rank>-<restart count>``); the other ranks end with 0
+after half a second.
 """
 
 import os
@@ -18,6 +19,7 @@ times = sys.argv[4] if len(sys.argv) > 4 else "1"
 rank = int(os.environ["RANK"])
 count = os.environ["TORCHELASTIC_RESTART_COUNT"]
 (marks / f"env-{rank}-{count}").write_text(os.environ["TORCHELASTIC_MAX_RESTARTS"])
+(marks / f"port-{rank}-{count}").write_text(os.environ["MASTER_PORT"])
 print(f"rank {rank} attempt {count}", flush=True)
 if rank != victim or times == "hang":  # "hang": every rank waits to be stopped
     time.sleep(0.5 if times != "hang" else 60)

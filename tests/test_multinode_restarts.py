@@ -1,0 +1,135 @@
+"""--max-restarts across nodes (issue 25): one decision for the whole run, taken by node 0
+from the agreed verdict; every node restarts its ranks together, or ends with the true code;
+every node's envelope has the same ``attempts`` (each attempt dir is node-local). Real
+supervisors on 127.0.0.1 (cluster_nodes.py)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cluster_nodes import (
+    Node,
+    free_port_pair,
+    no_orphans,
+    same_envelopes,
+    start_nodes,
+    wait_all,
+)
+from conftest import cli_env, dies_with_the_test, rank_script, wait_for
+
+pytestmark = pytest.mark.timeout(120)
+
+CRASH = rank_script("crash_once.py")
+FAST = ["--nproc-per-node", "2", "--restart-backoff", "0.2", "--grace", "5"]
+
+
+def _attempts(envelope: dict[str, Any]) -> list[tuple[int, int, bool]]:
+    return [(a["attempt"], a["exit_code"], a["restart"]["restarted"])
+            for a in envelope["attempts"]]
+
+
+def _same_attempts(nodes: list[Node]) -> list[dict[str, Any]]:
+    """Every node's envelope alike, ``attempts`` included, but for each one's own dirs."""
+    return [{k: v for k, v in a.items() if k != "run_dir"}
+            for a in same_envelopes(nodes)["attempts"]]
+
+
+def _all_pids(nodes: list[Node]) -> list[int]:
+    return [int(r["pid"]) for a in nodes[0].envelope()["attempts"] for r in a["ranks"]
+            if r.get("pid")]
+
+
+def test_a_crash_on_node_1_restarts_every_node_together_then_the_run_succeeds(
+        tmp_path: Path, marks: Path) -> None:
+    nodes = start_nodes(2, [CRASH, str(marks), "3", "signal:11"], tmp_path,
+                        common=[*FAST, "--max-restarts", "1"])
+    codes = wait_all(nodes, 90)
+    outputs = [n.output() for n in nodes]
+    assert codes == [0, 0], outputs
+    attempts = _same_attempts(nodes)
+    assert [(a["attempt"], a["exit_code"]) for a in attempts] == [(0, 2), (1, 0)]
+    assert attempts[0]["restart"] == {"restarted": True, "backoff_s": 0.2,
+                                      "why": "restarting after rank 3 failed (killed by "
+                                             "SIGSEGV)"}
+    assert attempts[0]["ranks"][3]["signal"] == "SIGSEGV"
+    assert attempts[1]["restart"] == {"restarted": False, "why": "the run succeeded",
+                                      "backoff_s": None}
+    for node in nodes:
+        envelope = node.envelope()
+        assert (envelope["exit_code"], envelope["restart_count"]) == (0, 1)
+        assert envelope["agreement"]["agreed"] is True
+        for rank in (2 * node.rank, 2 * node.rank + 1):
+            for attempt, where in ((0, node.run_dir), (1, node.run_dir / "attempt-1")):
+                assert (where / f"rank-{rank}.stdout.log").read_text() == (
+                    f"rank {rank} attempt {attempt}\n")
+        out = outputs[node.rank][0]
+        assert "attempt 2/2: restarting after rank 3 failed (killed by SIGSEGV); starting in " \
+               "0.2 s" in out
+    for rank in range(4):  # torchrun's variables, as every restarted worker sees them
+        assert (marks / f"env-{rank}-0").read_text() == "1"
+        assert (marks / f"env-{rank}-1").read_text() == "1"
+    no_orphans(_all_pids(nodes))
+
+
+def test_an_outcome_on_one_node_is_never_restarted_on_any(tmp_path: Path, marks: Path) -> None:
+    nodes = start_nodes(2, [CRASH, str(marks), "0", "exit:4", "always"], tmp_path,
+                        common=[*FAST, "--max-restarts", "2"])
+    assert wait_all(nodes, 90) == [4, 4], [n.output() for n in nodes]
+    attempts = _same_attempts(nodes)
+    assert [(a["attempt"], a["exit_code"], a["restart"]["restarted"]) for a in attempts] == [
+        (0, 4, False)]
+    assert attempts[0]["restart"]["why"] == ("exit 4 is the run's own outcome; a restart "
+                                             "would not change it")
+    assert (marks / "crashes").read_text() == "1"
+    assert not any((n.run_dir / "attempt-1").exists() for n in nodes)
+
+
+def test_a_cancel_during_the_backoff_on_one_node_ends_the_run_on_every_node(
+        tmp_path: Path, marks: Path) -> None:
+    nodes = start_nodes(2, [CRASH, str(marks), "3", "exit:9", "always"], tmp_path,
+                        common=["--nproc-per-node", "2", "--grace", "5", "--max-restarts", "2",
+                                "--restart-backoff", "60"])
+    envelope = nodes[0].run_dir / "envelope.json"
+    wait_for(lambda: envelope.exists() and b"restarting after" in envelope.read_bytes(), 60,
+             "the backoff")
+    nodes[1].proc.send_signal(signal.SIGINT)  # node 1's operator: Ctrl+C
+    assert wait_all(nodes, 30) == [2, 2]  # the last attempt's verdict, at once
+    attempts = _same_attempts(nodes)
+    assert [(a["attempt"], a["exit_code"]) for a in attempts] == [(0, 2)]
+    assert attempts[0]["restart"]["restarted"] is False
+    assert attempts[0]["restart"]["why"] == ("cancelled during the backoff on node 1 by "
+                                             "SIGINT to the supervisor")
+    for node in nodes:
+        cancelled = node.envelope()["cancelled"]
+        assert (cancelled["by"], cancelled["signal"]) == ("SIGINT to the supervisor", "SIGINT")
+        assert not (node.run_dir / "attempt-1").exists()
+    assert (marks / "crashes").read_text() == "1"
+
+
+def test_without_a_master_port_each_attempt_gets_a_free_one_from_node_0(
+        tmp_path: Path, marks: Path) -> None:
+    """torchrun's c10d rendezvous: node 0 picks rank 0's port for each round and publishes it
+    (a restart never meets the port the old rank 0 held); --rdzv-endpoint gives only the
+    control store's."""
+    port = free_port_pair()
+    nodes = []
+    for rank in range(2):
+        cmd = [sys.executable, "-m", "forgelm_tui", "--no-tui", "--run-dir",
+               str(tmp_path / "run"), "--nnodes", "2", "--node-rank", str(rank),
+               "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", *FAST,
+               "--max-restarts", "1", CRASH, str(marks), "0", "exit:7"]
+        proc = subprocess.Popen(cmd, cwd=tmp_path, env=cli_env(), stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True, preexec_fn=dies_with_the_test)
+        nodes.append(Node(rank, proc, tmp_path / "run"))
+    assert wait_all(nodes, 90) == [0, 0], [n.output() for n in nodes]
+    ports = [{(marks / f"port-{r}-{a}").read_text() for r in range(4)} for a in (0, 1)]
+    assert all(len(p) == 1 for p in ports), ports  # every rank of an attempt: one port
+    assert ports[0] != ports[1]
+    assert nodes[1].envelope()["master_port"] == int(next(iter(ports[1])))
+    no_orphans(_all_pids(nodes))
