@@ -5,6 +5,7 @@ supervisors on 127.0.0.1 (cluster_nodes.py)."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -68,8 +69,8 @@ def test_a_crash_on_node_1_restarts_every_node_together_then_the_run_succeeds(
                 assert (where / f"rank-{rank}.stdout.log").read_text() == (
                     f"rank {rank} attempt {attempt}\n")
         out = outputs[node.rank][0]
-        assert "attempt 2/2: restarting after rank 3 failed (killed by SIGSEGV); starting in " \
-               "0.2 s" in out
+        assert "attempt 2/2, 2 nodes: restarting after rank 3 failed (killed by SIGSEGV); " \
+               "starting in 0.2 s" in out
     for rank in range(4):  # torchrun's variables, as every restarted worker sees them
         assert (marks / f"env-{rank}-0").read_text() == "1"
         assert (marks / f"env-{rank}-1").read_text() == "1"
@@ -133,3 +134,45 @@ def test_without_a_master_port_each_attempt_gets_a_free_one_from_node_0(
     assert ports[0] != ports[1]
     assert nodes[1].envelope()["master_port"] == int(next(iter(ports[1])))
     no_orphans(_all_pids(nodes))
+
+
+def test_a_node_that_never_joins_the_restart_ends_the_run_with_the_last_code(
+        tmp_path: Path, marks: Path) -> None:
+    """Node 1's supervisor is SIGKILLed during the backoff (its ranks had ended): node 0 waits
+    for it at the restart's join until --join-timeout, then ends with the last attempt's code
+    (never 1, never a hang), saying why the restart did not happen."""
+    nodes = start_nodes(2, [CRASH, str(marks), "3", "exit:9", "always"], tmp_path,
+                        common=["--nproc-per-node", "2", "--grace", "5", "--max-restarts", "2",
+                                "--restart-backoff", "2", "--join-timeout", "20"])
+    envelope = nodes[1].run_dir / "envelope.json"
+    wait_for(lambda: envelope.exists() and b"restarting after" in envelope.read_bytes(), 60,
+             "the backoff")
+    nodes[1].proc.kill()
+    assert nodes[0].wait(60) == 2
+    out, _ = nodes[0].output()
+    attempts = nodes[0].envelope()["attempts"]
+    assert [(a["attempt"], a["exit_code"]) for a in attempts] == [(0, 2)]
+    assert attempts[0]["restart"]["restarted"] is False
+    assert attempts[0]["restart"]["why"] == ("the restart could not start: node 1 never joined "
+                                             "within the join timeout of 20 s")
+    assert "the restart could not start: node 1 never joined" in out
+    assert not (nodes[0].run_dir / "attempt-1" / "rank-0.stdout.log").exists()
+    no_orphans(_all_pids(nodes[:1]))
+
+
+def test_node_0s_decision_travels_whole() -> None:
+    """The record node 0 publishes: the agreed outcome, the decision, the backoff, the run's
+    start, read back equal on every node."""
+    from forgelm_tui.cluster.restart import ClosedAttempt
+    from forgelm_tui.engine.restart_policy import RestartDecision
+    from forgelm_tui.session.outcome import NodeOutcome, Restarts, RunFrame, RunOutcome
+    from forgelm_tui.verdict import Verdict
+
+    verdict = Verdict(2, "EXIT_TRAINING_ERROR", "training error", "retry", 2,
+                      "root cause: rank 3 failed on its own (exit 9)", 3)
+    outcome = RunOutcome(verdict, RunFrame(1.0, 2.0, restarts=Restarts(2, 1)),
+                         (NodeOutcome(0, "a"), NodeOutcome(1, "b")))
+    closed = ClosedAttempt(outcome, RestartDecision(True, "restarting after rank 3 failed"),
+                           0.4, 0.5)
+    again = ClosedAttempt.from_wire(json.loads(json.dumps(closed.to_wire())))
+    assert again == closed and again.attempt == 1

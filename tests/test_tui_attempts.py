@@ -50,3 +50,20 @@ def test_a_late_viewer_restores_the_attempt() -> None:
     restore(model, ev.RunSnapshot("r1", 1, ("python",), "/runs/r1/attempt-2", 9.5, (),
                                   attempt=attempt))
     assert model.attempt == attempt and "attempt 3/3" in _header(model)
+
+
+def test_a_restart_on_several_nodes_starts_every_nodes_rows_afresh() -> None:
+    """Node 0's TUI: its own rank and node 1's rank start again; the header says the nodes."""
+    model = RunModel("r1", ["forgelm-tui"], 2, clock=lambda: 10.0)
+    apply = follow_attempts(model)
+    apply(ev.AttemptStarted(0, 1, "", 0.0, 1.0, nnodes=2))
+    apply(ev.RunStarted("r1", 2, ("python",), "/runs/r1/node-0", 1.0, 0, 2))
+    apply(ev.RankStarted(0, 0, 4242, 1.5))
+    apply(ev.NodeChanged(1, "b", ev.NodeState.DONE, (), 2.5))
+    model.ranks[1].exit_code, model.ranks[1].pid = 9, 777  # as node 1's view had said
+    assert "attempt 1/2, 2 nodes" in _header(model)
+    apply(ev.AttemptStarted(1, 1, "restarting after rank 1 failed (exit 9)", 0.2, 3.0, nnodes=2))
+    assert [(r.rank, r.node_rank, r.pid, r.exit_code) for r in model.ranks.values()] == [
+        (0, None, None, None), (1, 1, None, None)]
+    assert model.notices[-1] == ("attempt 2/2, 2 nodes: restarting after rank 1 failed "
+                                 "(exit 9)")

@@ -34,6 +34,7 @@ from forgelm_tui.envelope import build as env_mod
 from forgelm_tui.envelope.entries import cancelled_entry
 from forgelm_tui.envelope.write import write_each
 from forgelm_tui.plan.planner import Plan
+from forgelm_tui.plan.requeue import requeue_count, requeue_dir, requeues_entry
 from forgelm_tui.private_files import make_private_dir
 from forgelm_tui.session.ending import RunEnding
 from forgelm_tui.session.outcome import Agreement, NodeOutcome, RunOutcome
@@ -124,7 +125,8 @@ class NodeRun:
         """The plan as the join settled it: run id, node rank, master address, run dir."""
         session, plan = self.session, self.session.plan
         root = plan.cluster_root or Path("forgelm-tui-runs").absolute() / membership.run_id
-        run_dir = root / f"node-{membership.node_rank}"
+        requeued = requeue_count(os.environ)  # a requeued SLURM job: beside the earlier runs
+        run_dir = requeue_dir(root / f"node-{membership.node_rank}", requeued)
         try:
             make_private_dir(run_dir)  # 0700 (docs/security.md)
         except OSError as exc:
@@ -135,7 +137,9 @@ class NodeRun:
             master_addr=membership.master_addr, master_port=membership.master_port)
         self.sup.settle(spec)
         info = dataclasses.replace(plan.info, spec=spec, run_id=membership.run_id,
-                                   run_dir=str(run_dir))
+                                   run_dir=str(run_dir),
+                                   requeues=requeues_entry(root / f"node-{membership.node_rank}",
+                                                           requeued))
         paths = [run_dir / "envelope.json", *plan.envelope_paths[1:]]
         if spec.node_rank != 0:  # ForgeLM's output dir is the job's, shared: node 0 writes it
             paths = [p for p in paths if str(p) != info.last_exit_path]

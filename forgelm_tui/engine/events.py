@@ -276,14 +276,15 @@ class RunFinished:
 @dataclass(frozen=True)
 class AttemptStarted:
     """With --max-restarts: attempt ``attempt`` (0: the first launch) of at most
-    ``max_restarts + 1`` begins ``backoff`` seconds after ``at``; ``reason``: why the last one
-    is restarted. Its ranks' events follow as a new run's (``RunStarted``...)."""
+    ``max_restarts + 1``, on ``nnodes`` nodes, begins ``backoff`` s after ``at``; ``reason``:
+    why the last one is restarted. Its ranks' events follow as a new run's (``RunStarted``)."""
 
     attempt: int
     max_restarts: int
     reason: str
     backoff: float
     at: float
+    nnodes: int = 1
 
 
 @dataclass(frozen=True)

@@ -94,6 +94,7 @@ def build(info: RunInfo, outcome: RunOutcome, *, run_dir: str | None,
         "rank_states": rank_states(ranks),
         "ranks": [{**r, **verdict.rank_marks(r["rank"])} for r in ranks],
         "supervisor_error": frame.supervisor_error,
+        "requeues": info.requeues,
         **({} if restarts is None else {
             "max_restarts": restarts.max_restarts,
             "restart_count": restarts.restart_count,

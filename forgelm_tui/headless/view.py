@@ -19,7 +19,7 @@ from forgelm_tui.engine.events import RankState
 from forgelm_tui.engine.records import RankRecord
 from forgelm_tui.signames import signal_name
 from forgelm_tui.verdict import Verdict, describe
-from forgelm_tui.wording.ending import log_not_kept_text
+from forgelm_tui.wording.ending import attempt_text, log_not_kept_text
 from forgelm_tui.wording.gpu import GpuStatus, summary_cells
 
 PREFIX = "[forgelm-tui]"
@@ -181,7 +181,7 @@ class HeadlessView:
             case ev.NodeChanged():
                 self._node(event)
             case ev.AttemptStarted(attempt=attempt, reason=reason, backoff=delay) if attempt:
-                self.note(f"attempt {attempt + 1}/{event.max_restarts + 1}: {reason}; "
+                self.note(f"{attempt_text(event)}: {reason}; "
                           f"starting in {delay:g} s")
             case ev.GpuSampled():
                 self._gpu_line(event)

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from forgelm_tui.cluster.config import ClusterConfig, cluster_config
 from forgelm_tui.cluster.kill_wait import (
@@ -36,6 +37,7 @@ from forgelm_tui.plan.options import (
     parse_signals,
     split_argv,
 )
+from forgelm_tui.plan.requeue import requeue_count, requeue_dir, requeues_entry
 from forgelm_tui.private_files import make_private_dir
 from forgelm_tui.rank.collectives import COLLECTIVES_ENV
 from forgelm_tui.verdict import Contract
@@ -63,6 +65,7 @@ class RunInfo:
     collective_trace: bool = False  # Python ranks send their collective counts (docs/progress.md)
     max_restarts: int = 0
     restart_backoff: float = 1.0
+    requeues: dict[str, Any] | None = None  # a requeued SLURM job's earlier runs (requeue.py)
     job_config: str | None = None
     last_exit_path: str | None = None
     envelope_paths: list[str] = field(default_factory=list)
@@ -91,6 +94,7 @@ class Planner:
     def __init__(self, args: list[str], run_id: str) -> None:
         self.args = args
         self.run_id = run_id
+        self.requeued = 0  # the run dir is requeue-N inside the one it had (plan/requeue.py)
         self.cwd = Path.cwd()
         self.info = RunInfo(run_id=run_id, command=["forgelm-tui", *args], mode="unknown",
                             contract=Contract.FORGELM)
@@ -183,7 +187,10 @@ class Planner:
         """Where the run's envelope goes and how it is printed, once its options parsed."""
         self.output_format = ns.output_format
         self.info.contract = Contract(ns.exit_contract)
-        self.run_dir = (ns.run_dir or Path(DEFAULT_RUN_ROOT) / self.run_id).absolute()
+        if ns.run_dir is None:  # a new run id each time: a requeue's dir is new already
+            self.run_dir = (Path(DEFAULT_RUN_ROOT) / self.run_id).absolute()
+        else:
+            self.run_dir = self._requeued(ns.run_dir.absolute())
         if ns.envelope is not None:
             self.extra_paths = [ns.envelope.absolute()]
 
@@ -227,7 +234,7 @@ class Planner:
             self.run_id = self.info.run_id = cluster.run_id
         root = ns.run_dir or Path(DEFAULT_RUN_ROOT) / self.run_id
         node = "x" if cluster.node_rank is None else cluster.node_rank
-        self.run_dir = (root / f"node-{node}").absolute()
+        self.run_dir = self._requeued((root / f"node-{node}").absolute())
         self.info.nnodes = cluster.nnodes
         self.info.node_rank = cluster.node_rank or 0
 
@@ -328,15 +335,22 @@ class Planner:
             if not value:
                 continue
             if name == "--run-dir":
-                self.run_dir = Path(value).absolute()
+                self.run_dir = self._requeued(Path(value).absolute())
             elif name == "--envelope":
                 self.extra_paths = [Path(value).absolute()]
             elif name == "--output-format" and value in ("text", "json"):
                 self.output_format = value
 
+    def _requeued(self, run_dir: Path) -> Path:
+        """A requeued SLURM job's run dir: ``requeue-N`` inside the one it had (requeue.py)."""
+        self.requeued = requeue_count(os.environ)
+        return requeue_dir(run_dir, self.requeued)
+
     def envelope_paths(self) -> list[Path]:
         run_dir = self.run_dir or (Path(DEFAULT_RUN_ROOT) / self.run_id).absolute()
         self.info.run_dir = str(run_dir)
+        if self.requeued:
+            self.info.requeues = requeues_entry(run_dir.parent, self.requeued)
         paths = [run_dir / "envelope.json"]
         for path in self.extra_paths:  # --envelope is seen twice (lenient pass, argparse)
             if path not in paths:

@@ -82,8 +82,9 @@ class AttemptChain:
         self._listeners.append(listener)
         self.supervisor.subscribe(listener)
 
-    def announce(self, attempt: int, max_restarts: int, why: str, delay: float) -> None:
-        self.attempt = ev.AttemptStarted(attempt, max_restarts, why, delay, time.time())
+    def announce(self, attempt: int, max_restarts: int, why: str, delay: float,
+                 nnodes: int = 1) -> None:
+        self.attempt = ev.AttemptStarted(attempt, max_restarts, why, delay, time.time(), nnodes)
         self.supervisor.emit(self.attempt)  # the emit that survives a failing view
 
     async def supervise(self) -> None:

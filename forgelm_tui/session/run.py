@@ -169,7 +169,8 @@ class Session:
         signals.install(asyncio.get_running_loop())
         try:
             if self.plan.spec.max_restarts:
-                self.chain.announce(0, self.plan.spec.max_restarts, "", 0.0)
+                self.chain.announce(0, self.plan.spec.max_restarts, "", 0.0,
+                                    self.plan.spec.nnodes)
             while True:
                 await self.chain.supervise()
                 decision, delay = await self._close_attempt()
@@ -189,7 +190,8 @@ class Session:
         node), then the next attempt's supervisor (on several nodes, once every node joined
         it: cluster/node.py)."""
         attempt = self.supervisor.spec.restart_count + 1
-        self.chain.announce(attempt, self.plan.spec.max_restarts, why, delay)
+        self.chain.announce(attempt, self.plan.spec.max_restarts, why, delay,
+                            self.plan.spec.nnodes)
         spec = self.plan.spec.for_attempt(attempt)
         async with self.chain.between() as backoff:
             error = await self._between(backoff, attempt, delay)

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from forgelm_tui.engine import events as ev
 from forgelm_tui.tui.model import RankRow, RunModel
+from forgelm_tui.wording.ending import attempt_text
 
 
 def follow_attempts(model: RunModel) -> Callable[[ev.Event], None]:
@@ -32,15 +33,13 @@ def start_attempt(model: RunModel, attempt: ev.AttemptStarted) -> None:
         return
     model.state, model.stop, model.stop_deadline, model.live_ranks = "starting", None, None, ()
     model.ended_at = None
-    for rank, row in list(model.ranks.items()):
-        if row.node_rank is None:  # this node's ranks (restarts are single-node)
-            model.ranks[rank] = RankRow(rank, local_rank=row.local_rank)
-    model.notices.append(f"attempt {attempt.attempt + 1}/{attempt.max_restarts + 1}: "
-                         f"{attempt.reason}")
+    for rank, row in list(model.ranks.items()):  # every node's ranks start again
+        model.ranks[rank] = RankRow(rank, local_rank=row.local_rank, node_rank=row.node_rank)
+    model.notices.append(f"{attempt_text(attempt)}: {attempt.reason}")
 
 
 def attempt_label(attempt: ev.AttemptStarted | None) -> str | None:
     """``attempt 2/3`` (1-based: the second of at most three), or None without restarts."""
     if attempt is None or attempt.max_restarts == 0:
         return None
-    return f"attempt {attempt.attempt + 1}/{attempt.max_restarts + 1}"
+    return attempt_text(attempt)

@@ -53,3 +53,10 @@ def descendant_lines(descendants: Sequence[dict[str, Any]]) -> list[str]:
         how = _DESCENDANT_ENDED.get(d["ended"], d["ended"])
         lines.append(f"{whose} descendant pid {d['pid']} ({name}) {how}")
     return lines
+
+
+def attempt_text(attempt: ev.AttemptStarted) -> str:
+    """``attempt 2/3`` (1-based: the second of at most three); ``attempt 2/3, 2 nodes`` on
+    several nodes."""
+    nodes = f", {attempt.nnodes} nodes" if attempt.nnodes > 1 else ""
+    return f"attempt {attempt.attempt + 1}/{attempt.max_restarts + 1}{nodes}"
