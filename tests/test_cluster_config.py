@@ -234,3 +234,44 @@ def test_outside_an_srun_step_slurm_is_ignored(scontrol: Path) -> None:
 ])
 def test_broken_step_refused(scontrol: Path, change: dict[str, str], words: str) -> None:
     assert words in refused(env={**STEP, **change})
+
+
+# ---------------------------------------------------------------- --rdzv-conf (issue 25)
+
+def test_rdzv_conf_keys_torch_reads_are_honoured() -> None:
+    cfg = multi("--nnodes", "2", "--node-rank", "1", *FLAGS, "--rdzv-conf",
+                " join_timeout=120 , last_call_timeout=2,close_timeout=7,read_timeout=45,"
+                "keep_alive_interval=2,keep_alive_max_attempt=4,store_type=TCP,is_host=no")
+    assert (cfg.join_timeout, cfg.last_call, cfg.ack_wait, cfg.call_wait, cfg.node_timeout,
+            cfg.is_host) == (120.0, 2.0, 7.0, 45.0, 8.0, False)
+    cfg = multi("--nnodes", "2", "--node-rank", "0", *FLAGS, "--rdzv-conf",
+                "keep_alive_interval=4")  # torch's keep_alive_max_attempt default: 3
+    assert (cfg.node_timeout, cfg.join_timeout, cfg.last_call) == (12.0, 300.0, 30.0)
+
+
+def test_forgelm_tuis_own_flags_win_over_rdzv_conf() -> None:
+    cfg = multi("--nnodes", "2", "--node-rank", "0", *FLAGS, "--join-timeout", "9",
+                "--node-timeout", "3", "--rdzv-conf", "join_timeout=120,keep_alive_interval=9")
+    assert (cfg.join_timeout, cfg.node_timeout) == (9.0, 3.0)
+
+
+@pytest.mark.parametrize(("conf", "expected"), [
+    ("heartbeat_timeout=5", "--rdzv-conf heartbeat_timeout: not supported (forgelm-tui's "
+                            "heartbeats are its own"),
+    ("timeout=900", "--rdzv-conf timeout: not supported (the etcd rendezvous' setting"),
+    ("use_agent_store=1", "--rdzv-conf use_agent_store: not supported (not a key of torch's "
+                          "c10d rendezvous)"),
+    ("store_type=file", "--rdzv-conf store_type=file: forgelm-tui's control store is a TCPStore"),
+    ("join_timeout=soon", "--rdzv-conf join_timeout=soon: a whole number of seconds"),
+    ("last_call_timeout=0", "--rdzv-conf last_call_timeout=0: must be more than 0"),
+    ("is_host=maybe", "--rdzv-conf is_host=maybe: use 1/true/yes or 0/false/no"),
+    ("join_timeout", "--rdzv-conf must be KEY=VALUE,...; got 'join_timeout'"),
+    ("is_host=1", "--rdzv-conf is_host=1: node 1 does not host the control store"),
+])
+def test_rdzv_conf_keys_are_refused_by_name(conf: str, expected: str) -> None:
+    assert expected in refused("--nnodes", "2", "--node-rank", "1", *FLAGS, "--rdzv-conf", conf)
+
+
+def test_rdzv_conf_is_checked_on_one_node_too() -> None:
+    assert "--rdzv-conf timeout" in refused("--rdzv-conf", "timeout=1")
+    assert config("--rdzv-conf", "join_timeout=5") is None

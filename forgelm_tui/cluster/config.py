@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from forgelm_tui import __version__
 from forgelm_tui.cluster.slurm import SlurmError, default_port, in_srun_step, read_step
 from forgelm_tui.plan.options import UsageError, parse_port
+from forgelm_tui.plan.rdzv_conf import RdzvConf, parse_rdzv_conf
 
 CONTROL_PORT_OFFSET = 1  # the control store: MASTER_PORT + 1 unless --rdzv-endpoint gives one
 
@@ -32,6 +33,12 @@ class ClusterConfig:
     backend: str = "static"
     source: str = "flags"  # flags | slurm
     version: str = __version__
+    # --rdzv-conf (plan/rdzv_conf.py): the elastic join window, one store call's wait, node
+    # 0's wait for the others to read the verdict, and who hosts the store (None: node 0)
+    last_call: float = 30.0
+    call_wait: float = 10.0
+    ack_wait: float = 5.0
+    is_host: bool | None = None
 
 
 def parse_nnodes(text: str) -> int:
@@ -80,8 +87,29 @@ def uses_slurm(ns: argparse.Namespace, env: Mapping[str, str]) -> bool:
 def cluster_config(ns: argparse.Namespace, nproc: int, run_id: str,
                    env: Mapping[str, str]) -> ClusterConfig | None:
     """None for a single-node run; the checked multi-node config otherwise."""
-    if uses_slurm(ns, env):
-        return _from_slurm(ns, nproc, run_id, env)
+    conf = parse_rdzv_conf(ns.rdzv_conf)  # refused by name even on one node
+    config = (_from_slurm(ns, nproc, run_id, env) if uses_slurm(ns, env)
+              else _from_flags(ns, nproc, run_id))
+    return None if config is None else _with_conf(config, conf, ns)
+
+
+def _with_conf(config: ClusterConfig, conf: RdzvConf, ns: argparse.Namespace) -> ClusterConfig:
+    """forgelm-tui's own flags first, then --rdzv-conf's keys, then the defaults."""
+    if conf.is_host is not None and config.node_rank is not None and \
+            conf.is_host != (config.node_rank == 0):
+        raise UsageError(f"--rdzv-conf is_host={int(conf.is_host)}: node {config.node_rank} "
+                         f"{'does not host' if conf.is_host else 'hosts'} the control store "
+                         "(node 0 does)")
+    join = ns.join_timeout if ns.join_timeout is not None else conf.join_timeout
+    node = ns.node_timeout if ns.node_timeout is not None else conf.node_timeout
+    return replace(
+        config, join_timeout=_positive(300.0 if join is None else join, "--join-timeout"),
+        node_timeout=_positive(10.0 if node is None else node, "--node-timeout"),
+        last_call=conf.last_call_timeout or 30.0, call_wait=conf.read_timeout or 10.0,
+        ack_wait=conf.close_timeout or 5.0, is_host=conf.is_host)
+
+
+def _from_flags(ns: argparse.Namespace, nproc: int, run_id: str) -> ClusterConfig | None:
     nnodes = parse_nnodes(ns.nnodes or "1")
     node_rank = None if ns.node_rank is None else _node_rank(ns.node_rank, nnodes)
     if nnodes == 1:
@@ -110,9 +138,7 @@ def cluster_config(ns: argparse.Namespace, nproc: int, run_id: str,
     return ClusterConfig(
         nnodes=nnodes, node_rank=node_rank, store_host=store_host, store_port=store_port,
         master_addr=master_addr, master_port=master_port, run_id=ns.rdzv_id or run_id,
-        run_id_fixed=bool(ns.rdzv_id), nproc=nproc, join_timeout=_positive(ns.join_timeout,
-        "--join-timeout"), node_timeout=_positive(ns.node_timeout, "--node-timeout"),
-        backend=backend)
+        run_id_fixed=bool(ns.rdzv_id), nproc=nproc, backend=backend)
 
 
 def _from_slurm(ns: argparse.Namespace, nproc: int, run_id: str,
@@ -128,9 +154,7 @@ def _from_slurm(ns: argparse.Namespace, nproc: int, run_id: str,
     return ClusterConfig(
         nnodes=step.nnodes, node_rank=step.node_rank, store_host=step.master_addr,
         store_port=port + CONTROL_PORT_OFFSET, master_addr=step.master_addr, master_port=port,
-        run_id=ns.rdzv_id or step.run_id, run_id_fixed=True, nproc=nproc,
-        join_timeout=_positive(ns.join_timeout, "--join-timeout"),
-        node_timeout=_positive(ns.node_timeout, "--node-timeout"), source="slurm")
+        run_id=ns.rdzv_id or step.run_id, run_id_fixed=True, nproc=nproc, source="slurm")
 
 
 def _node_rank(text: str, nnodes: int) -> int:

@@ -25,7 +25,8 @@ from forgelm_tui.cluster.store import (
 POLL = 0.05
 CONNECT_TRY = 2.0  # one connection attempt; repeated until the join deadline
 SPARES = 2  # connections made while joining for the link's inbox and ticker (cluster/link.py)
-CALL_WAIT = 10.0  # one call once connected: a node 0 starved of CPU answers late, not never
+# One call once connected (ClusterConfig.call_wait, 10 s; --rdzv-conf read_timeout): a node 0
+# starved of CPU answers late, not never.
 MEMBERS_WAIT = 0.25  # one wait for the members; abort, cancel and the deadline between waits
 LINGER = 3.0  # node 0, refusing: how long it waits for the others to read why
 
@@ -91,7 +92,7 @@ class Joiner:
         cfg = self.config
         torch_distributed()  # importing torch (seconds) overlaps node 0's start
         store = self._open()
-        store.set_timeout(min(CALL_WAIT, self._left()))
+        store.set_timeout(min(self.config.call_wait, self._left()))
         run = self._run_record(store)
         store.scoped(run["run_id"])
         node_rank = cfg.node_rank
@@ -128,7 +129,7 @@ class Joiner:
         assert store is not None
         self.deadline = self.clock() + cfg.join_timeout
         self.registered = False
-        store.set_timeout(min(CALL_WAIT, self._left()))
+        store.set_timeout(min(self.config.call_wait, self._left()))
         store.scoped(f"{run_id}/attempt-{attempt}")
         if self.hosting:
             store.set("run", {"master_addr": cfg.master_addr,
@@ -173,7 +174,7 @@ class Joiner:
         assert self.store is not None
         host = "127.0.0.1" if self.hosting else self.config.store_host
         try:
-            watcher = self.store.client(host, self.config.store_port, CALL_WAIT)
+            watcher = self.store.client(host, self.config.store_port, self.config.call_wait)
             watcher.scoped(f"{run_id}/attempt-{attempt}")
             while not until():
                 abort = watcher.wait_get("abort", MEMBERS_WAIT)
@@ -187,7 +188,9 @@ class Joiner:
 
     def _open(self) -> ControlStore:
         cfg = self.config
-        if cfg.node_rank in (0, None) and (cfg.node_rank == 0 or _is_local(cfg.store_host)):
+        hosts = cfg.is_host if cfg.is_host is not None else (
+            cfg.node_rank == 0 or (cfg.node_rank is None and _is_local(cfg.store_host)))
+        if hosts:
             try:
                 self.store = ControlStore.host(cfg.store_port, cfg.node_timeout)
                 self.hosting = True

@@ -53,7 +53,6 @@ class Host(Protocol):
     @property
     def supervisor(self) -> Supervisor: ...
 
-ACK_WAIT = 5.0  # node 0 waits this long for the others to have read the verdict
 
 
 class NodeRun:
@@ -230,8 +229,9 @@ class NodeRun:
         closed = decide_attempt(outcome, sup, self.session.plan,
                                 report.started_at or sup.started_at)
         waiting = [n for n in range(1, self.membership_nnodes()) if n not in lost]
-        await loop.run_in_executor(None, _publish_verdict, store, closed,
-                                   0 if closed.decision.restart else len(waiting))
+        await loop.run_in_executor(None, _publish_verdict, store, closed,  # node 0 waits for
+                                   0 if closed.decision.restart else len(waiting),  # readers
+                                   self.config.ack_wait)
         return closed
 
     async def _await_verdict(self) -> ClosedAttempt | None:
@@ -356,10 +356,11 @@ def _first(store: ControlStore, key: str) -> dict[str, Any] | None:
         return None
 
 
-def _publish_verdict(store: ControlStore, closed: ClosedAttempt, waiting: int) -> None:
+def _publish_verdict(store: ControlStore, closed: ClosedAttempt, waiting: int,
+                     wait: float) -> None:
     store.set("verdict", closed.to_wire())
     store.broadcast({"kind": "verdict"})
-    deadline = time.monotonic() + ACK_WAIT
+    deadline = time.monotonic() + wait  # ClusterConfig.ack_wait (--rdzv-conf close_timeout)
     while store.add("acks", 0) < waiting and time.monotonic() < deadline:
         time.sleep(0.02)  # node 0 exits last: its store must outlive the others' reads
 

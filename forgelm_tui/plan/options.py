@@ -54,13 +54,18 @@ def _add_rendezvous_options(tr: argparse._ArgumentGroup) -> None:
                     help="static (needs --node-rank) or c10d (nodes numbered as they join)")
     tr.add_argument("--rdzv-id", "--rdzv_id", dest="rdzv_id", default=None,
                     help="the run id every node uses (default: node 0's)")
+    tr.add_argument("--rdzv-conf", "--rdzv_conf", dest="rdzv_conf", default=None,
+                    metavar="K=V,...", help="torchrun's rendezvous keys: honoured or refused "
+                    "by name (docs/multinode.md)")
 
 
 def _add_node_timeouts(own: argparse._ArgumentGroup) -> None:
-    own.add_argument("--join-timeout", type=float, default=300.0, metavar="S",
-                     help="multi-node: how long nodes wait for each other to join (300)")
-    own.add_argument("--node-timeout", type=float, default=10.0, metavar="S",
-                     help="multi-node: a node silent this long is lost and the run stops (10)")
+    own.add_argument("--join-timeout", type=float, default=None, metavar="S",
+                     help="multi-node: how long nodes wait for each other to join (300; "
+                          "or --rdzv-conf join_timeout)")
+    own.add_argument("--node-timeout", type=float, default=None, metavar="S",
+                     help="multi-node: a node silent this long is lost and the run stops (10; "
+                          "or --rdzv-conf keep_alive_interval x keep_alive_max_attempt)")
 
 
 def _add_grace(own: argparse._ArgumentGroup) -> None:
@@ -106,19 +111,18 @@ def _add_launch_options(parser: argparse.ArgumentParser) -> None:
     tr.add_argument("--no-python", "--no_python", dest="no_python", action="store_true",
                     help="run the program directly, not through python")
     tr.add_argument("--max-restarts", "--max_restarts", dest="max_restarts", default="0",
-                    metavar="N", help="restart every rank up to N times after a crash, an "
-                    "outside signal or a stall (never 1, 3-6, a cancel); one node (default 0)")
-    for spelling in ("rdzv-conf", "log-dir",
-                     "start-method", "role", "monitor-interval",
-                     "local-addr", "logs-specs"):
+                    metavar="N", help="restart every node's ranks up to N times after a "
+                    "crash, an outside signal or a stall (never 1, 3-6, a cancel; 0)")
+    for spelling in ("log-dir", "start-method", "role", "monitor-interval", "local-addr",
+                     "logs-specs"):
         tr.add_argument(f"--{spelling}", f"--{spelling.replace('-', '_')}",
                         dest=f"ignored_{spelling.replace('-', '_')}", help=argparse.SUPPRESS)
     tr.add_argument("--local-ranks-filter", "--local_ranks_filter", dest="local_ranks_filter",
                     default=None, metavar="L",
                     help="--no-tui: print the output of these local ranks only (0,1); every "
                          "rank's state lines still print, the rank logs keep every line")
-    tr.add_argument("-r", "--redirects", dest="ignored_redirects", help=argparse.SUPPRESS)
-    tr.add_argument("-t", "--tee", dest="ignored_tee", help=argparse.SUPPRESS)
+    for short, name in (("-r", "redirects"), ("-t", "tee")):
+        tr.add_argument(short, f"--{name}", dest=f"ignored_{name}", help=argparse.SUPPRESS)
 
     own = parser.add_argument_group("forgelm-tui options")
     _add_node_timeouts(own)

@@ -28,7 +28,7 @@ VALUES = {
     "rdzv_backend": ("--rdzv-backend", "rdzv_backend"),
     "rdzv_endpoint": ("--rdzv-endpoint", "rdzv_endpoint"),
     "rdzv_id": ("--rdzv-id", "rdzv_id"),
-    "rdzv_conf": ("--rdzv-conf", "ignored_rdzv_conf"),
+    "rdzv_conf": ("--rdzv-conf", "rdzv_conf"),
     "max_restarts": ("--max-restarts", "max_restarts"),
     "monitor_interval": ("--monitor-interval", "ignored_monitor_interval"),
     "start_method": ("--start-method", "ignored_start_method"),
