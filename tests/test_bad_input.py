@@ -54,7 +54,7 @@ def _cases(tmp: Path, port: int) -> dict[str, tuple[list[str], str]]:
         "multi node without node 0": (["--nnodes", "2", script], "--node-rank is required"),
         "multi node without address": (["--nnodes", "2", "--node-rank", "1", script],
                                        "needs --master-addr and --master-port"),
-        "elastic range": (["--nnodes", "1:4", script], "elastic ranges are not supported"),
+        "elastic range": (["--nnodes", "1:4", script], "(elastic) needs --rdzv-backend c10d"),
         "node rank outside": (["--nnodes", "2", "--node-rank", "2", "--master-addr",
                                "127.0.0.1", "--master-port", "29400", script],
                               "--node-rank 2 is outside 0..1"),

@@ -72,8 +72,10 @@ def test_timeouts_from_flags() -> None:
                                        "--join-timeout", "0")
 
 
-@pytest.mark.parametrize(("nnodes", "words"), [("1:4", "elastic"), ("2:3", "elastic"),
-                                               ("0", "at least 1"), ("two", "N or N:N")])
+@pytest.mark.parametrize(("nnodes", "words"), [
+    ("1:4", "(elastic) needs --rdzv-backend c10d and --rdzv-endpoint"),
+    ("2:3", "(elastic) needs --rdzv-backend c10d"), ("3:2", "MAX is below MIN"),
+    ("0", "at least 1"), ("two", "N or MIN:MAX")])
 def test_bad_nnodes_refused(nnodes: str, words: str) -> None:
     assert words in refused("--nnodes", nnodes, "--node-rank", "0", *FLAGS)
 
@@ -275,3 +277,10 @@ def test_rdzv_conf_keys_are_refused_by_name(conf: str, expected: str) -> None:
 def test_rdzv_conf_is_checked_on_one_node_too() -> None:
     assert "--rdzv-conf timeout" in refused("--rdzv-conf", "timeout=1")
     assert config("--rdzv-conf", "join_timeout=5") is None
+
+
+def test_an_elastic_range_with_c10d_and_an_endpoint_is_a_run_of_min_to_max_nodes() -> None:
+    cfg = multi("--nnodes", "2:4", "--rdzv-backend", "c10d", "--rdzv-endpoint", "head:29400")
+    assert (cfg.min_nodes, cfg.nnodes, cfg.elastic, cfg.node_rank) == (2, 4, True, None)
+    fixed = multi("--nnodes", "3:3", "--rdzv-backend", "c10d", "--rdzv-endpoint", "head:29400")
+    assert (fixed.nnodes, fixed.elastic) == (3, False)

@@ -176,3 +176,122 @@ def test_node_0s_decision_travels_whole() -> None:
                            0.4, 0.5)
     again = ClosedAttempt.from_wire(json.loads(json.dumps(closed.to_wire())))
     assert again == closed and again.attempt == 1
+
+
+# ---------------------------------------------------------------------- elastic (MIN:MAX)
+
+ELASTIC = rank_script("elastic_rank.py")
+
+
+def elastic_nodes(count: int, nnodes: str, tmp_path: Path, marks: Path,
+                  *extra: str) -> list[Node]:
+    """``count`` supervisors of one elastic run, last call 2 s: the first (index 0) hosts the
+    store (--node-rank 0), the others join without a node rank (c10d). The others start first
+    and node 0 once they have imported torch: they wait for its store and join within
+    milliseconds of it, so the first round closes at MAX, not at MIN after the last call (a
+    node slower than the last call would be too late for the round: that is the rule)."""
+    port = free_port_pair()
+    nodes: list[Node] = []
+    for index in [*range(1, count), 0]:
+        own = ["--node-rank", "0", "--rdzv-conf", "last_call_timeout=2"] if index == 0 else [
+            "--rdzv-conf", "last_call_timeout=2,is_host=0"]
+        if index == 0:
+            wait_for(lambda: all(_torch_loaded(n.proc.pid) for n in nodes), 60,
+                     "the other nodes to import torch")
+        cmd = [sys.executable, "-m", "forgelm_tui", "--no-tui", "--run-dir",
+               str(tmp_path / "run"), "--nnodes", nnodes, "--rdzv-backend", "c10d",
+               "--rdzv-endpoint", f"127.0.0.1:{port}", "--nproc-per-node", "2",
+               "--node-timeout", "3", "--grace", "5", "--restart-backoff", "0.2", *own,
+               *extra, ELASTIC, str(marks)]
+        proc = subprocess.Popen(cmd, cwd=tmp_path, env=cli_env(), stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True, preexec_fn=dies_with_the_test)
+        nodes.append(Node(index, proc, tmp_path / "run"))
+    return sorted(nodes, key=lambda n: n.rank)  # index 0 first: the host
+
+
+def _torch_loaded(pid: int) -> bool:
+    try:
+        return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
+
+
+def own_envelope(node: Node) -> dict[str, Any]:
+    """A node's envelope, found by its supervisor's pid: an elastic node's dir is named by its
+    node id (its node rank in the first attempt: the order of joining), not by its index."""
+    for path in sorted(node.root.glob("node-*/envelope.json")):
+        envelope = json.loads(path.read_text())
+        if envelope["nodes"][envelope["node_rank"]]["pid"] == node.proc.pid:
+            return envelope
+    raise AssertionError(f"no envelope of pid {node.proc.pid}")
+
+
+def test_an_elastic_run_that_loses_a_node_goes_on_with_the_others(
+        tmp_path: Path, marks: Path) -> None:
+    """--nnodes 2:3, three nodes, a non-hosting one's supervisor SIGKILLed mid-run: node 0
+    declares it lost, and with 2 >= MIN nodes left the run restarts with them (WORLD_SIZE 4,
+    node ranks 0 and 1) and ends 0; both envelopes have both attempts and their memberships."""
+    nodes = elastic_nodes(3, "2:3", tmp_path, marks, "--max-restarts", "2")
+    wait_for(lambda: len(list(marks.glob("0-*"))) == 6, 60, "six ranks of the first attempt")
+    nodes[2].proc.kill()
+    survivors = nodes[:2]
+    codes = [n.wait(90) for n in survivors]
+    outputs = [n.output() for n in survivors]
+    assert codes == [0, 0], outputs
+    assert sorted(p.name for p in marks.glob("1-*")) == ["1-0", "1-1", "1-2", "1-3"]
+    for rank in range(4):
+        world, group, groups, _ = (marks / f"1-{rank}").read_text().split()
+        assert (world, group, groups) == ("4", str(rank // 2), "2")
+    envelopes = [own_envelope(n) for n in survivors]
+    for envelope in envelopes:
+        first, second = envelope["attempts"]
+        assert (first["nnodes"], first["world_size"], second["nnodes"],
+                second["world_size"]) == (3, 6, 2, 4)
+        assert first["restart"]["restarted"] is True, first["restart"]
+        assert first["restart"]["why"].startswith("restarting with 2 node(s) after node ")
+        assert [n["state"] for n in first["nodes"]].count("lost") == 1
+        assert second["exit_code"] == 0 and envelope["exit_code"] == 0
+        assert second["run_dir"] == f"{Path(envelope['run_dir'])}/attempt-1"
+    strip = [[{k: v for k, v in a.items() if k != "run_dir"} for a in e["attempts"]]
+             for e in envelopes]
+    assert strip[0] == strip[1]
+    no_orphans([int(r["pid"]) for e in envelopes for a in e["attempts"] for r in a["ranks"]
+                if r.get("pid")])
+
+
+@pytest.mark.parametrize(("nnodes", "killed", "why"), [
+    ("3:3", 1, "not a failure a restart can fix (node "),  # a fixed count: nothing replaces it
+    ("2:3", 2, "node(s) left, fewer than the 2 --nnodes needs"),
+])
+def test_a_run_left_without_enough_nodes_ends_with_2_naming_the_lost_one(
+        tmp_path: Path, marks: Path, nnodes: str, killed: int, why: str) -> None:
+    nodes = elastic_nodes(3, nnodes, tmp_path, marks, "--max-restarts", "2")
+    wait_for(lambda: len(list(marks.glob("0-*"))) == 6, 60, "six ranks of the first attempt")
+    for node in nodes[3 - killed:]:
+        node.proc.kill()
+    assert nodes[0].wait(90) == 2
+    envelope = own_envelope(nodes[0])
+    (attempt,) = envelope["attempts"]
+    assert attempt["restart"]["restarted"] is False
+    assert why in attempt["restart"]["why"], attempt["restart"]
+    assert envelope["root_cause_node"] in (1, 2)
+    assert envelope["stop"]["kind"] == "node_lost"
+    for node in nodes[1:3 - killed]:
+        assert node.wait(60) == 2
+
+
+def test_losing_node_0_of_an_elastic_run_ends_it_with_2_decided_without_agreement(
+        tmp_path: Path, marks: Path) -> None:
+    """Node 0 hosts the control store: without it no node can decide a restart."""
+    nodes = elastic_nodes(3, "2:3", tmp_path, marks, "--max-restarts", "2")
+    wait_for(lambda: len(list(marks.glob("0-*"))) == 6, 60, "six ranks of the first attempt")
+    nodes[0].proc.kill()
+    assert [n.wait(90) for n in nodes[1:]] == [2, 2]
+    envelopes = [json.loads(p.read_text()) for p in tmp_path.glob("run/node-[12]/envelope.json")]
+    assert len(envelopes) == 2
+    for envelope in envelopes:
+        assert envelope["exit_code"] == 2
+        assert envelope["agreement"]["agreed"] is False
+        assert "decided without agreement" in envelope["agreement"]["note"]
+    assert not list(marks.glob("1-*"))  # nothing restarted

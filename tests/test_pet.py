@@ -63,8 +63,8 @@ def test_a_flag_variable_that_is_no_integer_is_refused(
 
 @pytest.mark.parametrize(("env", "words"), [
     ({"PET_NPROC_PER_NODE": "banana"}, "--nproc-per-node (from PET_NPROC_PER_NODE) must be"),
-    ({"PET_NNODES": "two"}, "--nnodes (from PET_NNODES) must be N or N:N"),
-    ({"PET_NNODES": "1:4"}, "--nnodes (from PET_NNODES) 1:4: elastic ranges are not supported"),
+    ({"PET_NNODES": "two"}, "--nnodes (from PET_NNODES) must be N or MIN:MAX"),
+    ({"PET_NNODES": "1:4"}, "--nnodes (from PET_NNODES) 1:4 (elastic) needs --rdzv-backend c10d"),
     ({"PET_NNODES": "2", "PET_NODE_RANK": "5", "PET_MASTER_ADDR": "h", "PET_MASTER_PORT": "29500"},
      "--node-rank (from PET_NODE_RANK) 5 is outside 0..1"),
     ({"PET_NNODES": "2", "PET_NODE_RANK": "1", "PET_MASTER_ADDR": "h",

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from forgelm_tui.engine.restart_policy import AttemptFacts, backoff, decide_restart
+from forgelm_tui.engine.restart_policy import (
+    AttemptFacts,
+    RestartDecision,
+    backoff,
+    decide_restart,
+)
 from forgelm_tui.verdict import StopKind
 
 pytestmark = pytest.mark.timeout(10)
@@ -62,3 +67,19 @@ def test_backoff_doubles_and_is_capped() -> None:
     assert [backoff(1.0, n) for n in range(1, 8)] == [1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
     assert backoff(0.0, 3) == 0.0
     assert backoff(0.25, 2) == 0.5
+
+
+LOST = "node 2 lost: no heartbeat for 3 s"
+
+
+@pytest.mark.parametrize(("left", "low", "attempt", "restart", "why"), [
+    (2, 2, 0, True, f"restarting with 2 node(s) after {LOST}"),  # elastic, MIN left
+    (3, 2, 0, True, f"restarting with 3 node(s) after {LOST}"),
+    (1, 2, 0, False, f"{LOST}; 1 node(s) left, fewer than the 2 --nnodes needs"),
+    (2, 2, 2, False, "no restart left (--max-restarts 2)"),
+    (None, 0, 0, False, f"not a failure a restart can fix ({LOST})"),  # a fixed node count
+])
+def test_a_lost_node_restarts_an_elastic_run_only_with_min_nodes_left(
+        left: int | None, low: int, attempt: int, restart: bool, why: str) -> None:
+    facts = AttemptFacts(2, 2, StopKind.NODE_LOST, LOST, nodes_left=left, min_nodes=low)
+    assert decide_restart(facts, attempt, 2) == RestartDecision(restart, why)

@@ -39,20 +39,25 @@ class ClusterConfig:
     call_wait: float = 10.0
     ack_wait: float = 5.0
     is_host: bool | None = None
+    min_nodes: int = 0  # --nnodes MIN:MAX (nnodes is MAX); 0: a fixed count
+
+    @property
+    def elastic(self) -> bool:
+        return 0 < self.min_nodes < self.nnodes
 
 
-def parse_nnodes(text: str) -> int:
+def parse_nnodes(text: str) -> tuple[int, int]:
+    """``N`` or ``MIN:MAX`` (torchrun's elastic range): (MIN, MAX)."""
     low, sep, high = text.partition(":")
     try:
         lo, hi = int(low), int(high) if sep else int(low)
     except ValueError:
-        raise UsageError(f"--nnodes must be N or N:N, got {text!r}") from None
-    if lo != hi:
-        raise UsageError(f"--nnodes {text}: elastic ranges are not supported; give a fixed "
-                         "count (N or N:N)")
+        raise UsageError(f"--nnodes must be N or MIN:MAX, got {text!r}") from None
     if lo < 1:
         raise UsageError(f"--nnodes must be at least 1, got {lo}")
-    return lo
+    if hi < lo:
+        raise UsageError(f"--nnodes {text}: MAX is below MIN")
+    return lo, hi
 
 
 def _port(text: str, what: str) -> int:
@@ -110,7 +115,7 @@ def _with_conf(config: ClusterConfig, conf: RdzvConf, ns: argparse.Namespace) ->
 
 
 def _from_flags(ns: argparse.Namespace, nproc: int, run_id: str) -> ClusterConfig | None:
-    nnodes = parse_nnodes(ns.nnodes or "1")
+    min_nodes, nnodes = parse_nnodes(ns.nnodes or "1")
     node_rank = None if ns.node_rank is None else _node_rank(ns.node_rank, nnodes)
     if nnodes == 1:
         if node_rank not in (None, 0):
@@ -119,6 +124,9 @@ def _from_flags(ns: argparse.Namespace, nproc: int, run_id: str) -> ClusterConfi
     backend = ns.rdzv_backend or "static"
     if backend not in ("static", "c10d"):
         raise UsageError(f"--rdzv-backend {backend}: use static or c10d")
+    if min_nodes < nnodes and (backend != "c10d" or not ns.rdzv_endpoint):
+        raise UsageError(f"--nnodes {ns.nnodes} (elastic) needs --rdzv-backend c10d and "
+                         "--rdzv-endpoint HOST:PORT, as torchrun's")
     if node_rank is None and backend == "static":
         raise UsageError("--node-rank is required with --nnodes > 1 (or --rdzv-backend c10d, "
                          "which numbers nodes in the order they join)")
@@ -138,7 +146,7 @@ def _from_flags(ns: argparse.Namespace, nproc: int, run_id: str) -> ClusterConfi
     return ClusterConfig(
         nnodes=nnodes, node_rank=node_rank, store_host=store_host, store_port=store_port,
         master_addr=master_addr, master_port=master_port, run_id=ns.rdzv_id or run_id,
-        run_id_fixed=bool(ns.rdzv_id), nproc=nproc, backend=backend)
+        run_id_fixed=bool(ns.rdzv_id), nproc=nproc, backend=backend, min_nodes=min_nodes)
 
 
 def _from_slurm(ns: argparse.Namespace, nproc: int, run_id: str,

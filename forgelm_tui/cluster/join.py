@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from forgelm_tui.cluster.config import ClusterConfig as ClusterConfig  # re-exported
+from forgelm_tui.cluster.rounds import close_round, late_line
 from forgelm_tui.cluster.store import (
     ControlStore,
     PortTaken,
@@ -54,6 +55,7 @@ class Membership:
     master_port: int
     nodes: tuple[NodeInfo, ...]
     hosting: bool  # this node hosts the control store (node 0)
+    node_id: int = 0  # its node rank in the first attempt: its run dir's node-<id>
 
 
 class JoinRefused(Exception):
@@ -87,6 +89,7 @@ class Joiner:
         # resolver that does not answer holds every call of every node for its 5 s timeout:
         # docs/multinode.md), so none is made once the ranks run, where a stop must be fast.
         self.spares: list[ControlStore] = []
+        self.node_id = 0
 
     def join(self) -> Membership:
         cfg = self.config
@@ -96,11 +99,14 @@ class Joiner:
         run = self._run_record(store)
         store.scoped(run["run_id"])
         node_rank = cfg.node_rank
-        if node_rank is None:
+        if node_rank is None or cfg.elastic:  # the order of joining (elastic: each round's)
             node_rank = 0 if self.hosting else store.add("join-order", 1)
         if not 0 <= node_rank < cfg.nnodes:
-            self._refuse(store, f"node rank {node_rank} is outside --nnodes {cfg.nnodes} "
-                         "(more nodes joined than the run has)")
+            message = (f"node rank {node_rank} is outside --nnodes {cfg.nnodes} (more nodes "
+                       "joined than the run has)")
+            if cfg.elastic:  # the run goes on without it
+                raise JoinRefused(late_line(node_rank, cfg.nnodes, cfg))
+            self._refuse(store, message)
         if run["version"] != cfg.version:  # before registering: node 0 never starts its ranks
             self._refuse(store, f"node {node_rank} runs forgelm-tui {cfg.version}, node 0 runs "
                          f"{run['version']}: every node must run the same version")
@@ -115,9 +121,10 @@ class Joiner:
         host = "127.0.0.1" if self.hosting else cfg.store_host  # once the node may run:
         self.spares = [store.client(host, cfg.store_port, max(CONNECT_TRY, self._left()))
                        for _ in range(SPARES)]  # a DNS stall is the join's time, not a refusal
-        nodes = self._wait_for_all(store)
-        return Membership(run["run_id"], node_rank, cfg.nnodes, run["master_addr"],
-                          run["master_port"], nodes, self.hosting)
+        nodes = self._wait_for_all(store, node_rank)
+        self.node_id = node_rank  # its name for the whole run (the run dir's node-<id>)
+        return Membership(run["run_id"], node_rank, len(nodes), run["master_addr"],
+                          run["master_port"], nodes, self.hosting, self.node_id)
 
     def rejoin(self, run_id: str, node_rank: int, attempt: int) -> Membership:
         """Restart ``attempt`` (1, 2...): the same nodes join again under the attempt's own
@@ -139,6 +146,8 @@ class Joiner:
             self._check_time("node 0 never published the restart")
             time.sleep(POLL)
         run = store.get("run")
+        if cfg.elastic:  # each round numbers its nodes again, in the order they join it
+            node_rank = 0 if self.hosting else store.add("join-order", 1)
         me = NodeInfo(node_rank, socket.gethostname(), os.getpid(), cfg.nproc, cfg.version,
                       os.urandom(8).hex())
         held = store.first(f"node/{node_rank}", asdict(me))
@@ -149,9 +158,9 @@ class Joiner:
         host = "127.0.0.1" if self.hosting else cfg.store_host
         self.spares = [store.client(host, cfg.store_port, max(CONNECT_TRY, self._left()))
                        for _ in range(SPARES)]
-        nodes = self._wait_for_all(store)
-        return Membership(run_id, node_rank, cfg.nnodes, run["master_addr"],
-                          run["master_port"], nodes, self.hosting)
+        nodes = self._wait_for_all(store, node_rank)
+        return Membership(run_id, node_rank, len(nodes), run["master_addr"],
+                          run["master_port"], nodes, self.hosting, self.node_id)
 
     def abort_restart(self, run_id: str, attempt: int, message: str,
                       cancel: dict[str, Any]) -> dict[str, Any]:
@@ -246,15 +255,26 @@ class Joiner:
                          f"was given {cfg.run_id!r}")
         return run
 
-    def _wait_for_all(self, store: ControlStore) -> tuple[NodeInfo, ...]:
+    def _wait_for_all(self, store: ControlStore, node_rank: int) -> tuple[NodeInfo, ...]:
         """Each node counts itself in once registered; the one that completes the count writes
         the members for all, and every node waits on that one record (the store wakes them):
-        the join costs O(nodes) calls, not a poll of every node's key by every node."""
-        nnodes = self.config.nnodes
-        if store.add("joined", 1) == nnodes:
+        the join costs O(nodes) calls, not a poll of every node's key by every node. An
+        elastic round is closed by node 0 (cluster/rounds.py)."""
+        nnodes, cfg = self.config.nnodes, self.config
+        def check() -> None:  # while node 0 waits for the round to fill
+            self._check_abort(store)
+            if self.cancelled():
+                raise JoinCancelled()
+
+        if cfg.elastic and self.hosting:
+            close_round(store, cfg, self.clock, self.deadline, check,
+                        lambda why: self._refuse(store, why))
+        elif not cfg.elastic and store.add("joined", 1) == nnodes:
             store.set("members", store.many([f"node/{n}" for n in range(nnodes)]))
         while True:
             members = store.wait_get("members", MEMBERS_WAIT)
+            if members is not None and node_rank >= len(members):
+                raise JoinRefused(late_line(node_rank, len(members), cfg))  # no abort: it runs
             if members is not None:
                 return tuple(NodeInfo(**v) for v in members)
             self._check_abort(store)

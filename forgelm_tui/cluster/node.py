@@ -125,7 +125,8 @@ class NodeRun:
         session, plan = self.session, self.session.plan
         root = plan.cluster_root or Path("forgelm-tui-runs").absolute() / membership.run_id
         requeued = requeue_count(os.environ)  # a requeued SLURM job: beside the earlier runs
-        run_dir = requeue_dir(root / f"node-{membership.node_rank}", requeued)
+        node_dir = root / f"node-{membership.node_id}"  # elastic: node ranks change, not ids
+        run_dir = requeue_dir(node_dir, requeued)
         try:
             make_private_dir(run_dir)  # 0700 (docs/security.md)
         except OSError as exc:
@@ -137,8 +138,7 @@ class NodeRun:
         self.sup.settle(spec)
         info = dataclasses.replace(plan.info, spec=spec, run_id=membership.run_id,
                                    run_dir=str(run_dir),
-                                   requeues=requeues_entry(root / f"node-{membership.node_rank}",
-                                                           requeued))
+                                   requeues=requeues_entry(node_dir, requeued))
         paths = [run_dir / "envelope.json", *plan.envelope_paths[1:]]
         if spec.node_rank != 0:  # ForgeLM's output dir is the job's, shared: node 0 writes it
             paths = [p for p in paths if str(p) != info.last_exit_path]
@@ -156,7 +156,7 @@ class NodeRun:
         host = socket.gethostname()
         outcome = report.node_outcome(provisional=False, where=(
             host, os.getpid(), str(self.session.plan.spec.run_dir)))
-        view = node_changed(self.session.plan.spec.node_rank, host, NodeState.DONE,
+        view = node_changed(sup.spec.node_rank, host, NodeState.DONE,
                             sup.records.values())
         self.own_final = {
             "outcome": encode(outcome),
@@ -296,8 +296,9 @@ class NodeRun:
         except (StoreLost, StoreTimeout) as exc:
             return spec, f"the restart could not start: control store: {exc}"
         self.membership = membership
-        spec = dataclasses.replace(spec, master_addr=membership.master_addr,
-                                   master_port=membership.master_port)
+        spec = dataclasses.replace(  # an elastic round may have other nodes, other ranks
+            spec, master_addr=membership.master_addr, master_port=membership.master_port,
+            node_rank=membership.node_rank, nnodes=membership.nnodes)
         plan = self.session.plan
         self.session.plan = plan = dataclasses.replace(  # the envelope's launch facts
             plan, info=dataclasses.replace(plan.info, spec=spec))

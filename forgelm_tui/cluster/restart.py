@@ -64,14 +64,17 @@ def decide_attempt(outcome: RunOutcome, sup: Supervisor, plan: Plan,
     """Node 0: the agreed outcome of the attempt under way -> restart or not, once for all.
     The facts are every node's: a cancel or a launch that failed anywhere is never
     restarted; an error of forgelm-tui itself is node 0's (another node's is a stop)."""
-    stop, verdict = outcome.stop, outcome.verdict
+    stop, verdict, agreed = outcome.stop, outcome.verdict, outcome.agreement
     index = sup.spec.restart_count
+    elastic = plan.cluster is not None and plan.cluster.elastic and agreed is not None
     facts = AttemptFacts(
         code=verdict.code, rule=verdict.rule, stop_kind=stop.kind if stop else None,
         reason=stop.reason if stop else verdict.rule_text,
         cancelled=any(n.cancels or n.cancelled for n in outcome.nodes),
         supervisor_error=sup.faults.error is not None,
-        launch_error=any(n.launch_error for n in outcome.nodes))
+        launch_error=any(n.launch_error for n in outcome.nodes),
+        nodes_left=agreed.nnodes - len(agreed.nodes_lost) if elastic and agreed else None,
+        min_nodes=plan.cluster.min_nodes if plan.cluster is not None else 0)
     decision = decide_restart(facts, index, plan.spec.max_restarts)
     delay = backoff(plan.info.restart_backoff, index + 1) if decision.restart else 0.0
     frame = replace(outcome.frame, started_at=sup.started_at, ended_at=sup.ended_at,

@@ -9,8 +9,9 @@ A restart can fix what the ranks did not decide: a crash or a signal forgelm-tui
 - a cancel of any source (the operator, a signal to the supervisor, a viewer, a lost terminal);
 - a forwarded signal that ended a rank, or a rank that reported a stop signal from outside
   (the run was interrupted on purpose);
-- the drain window (rank 0 had ended with an outcome), a lost node, a launch that failed, or
-  an error of forgelm-tui itself.
+- the drain window (rank 0 had ended with an outcome), a lost node (unless the run is elastic,
+  ``--nnodes MIN:MAX``, and at least MIN nodes are left), a launch that failed, or an error of
+  forgelm-tui itself.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ class AttemptFacts:
     cancelled: bool = False  # any cancel request, from any source
     supervisor_error: bool = False
     launch_error: bool = False
+    # An elastic run (--nnodes MIN:MAX) that lost nodes: the nodes left, and MIN
+    nodes_left: int | None = None
+    min_nodes: int = 0
 
 
 @dataclass(frozen=True)
@@ -58,11 +62,21 @@ def decide_restart(facts: AttemptFacts, attempt: int, max_restarts: int) -> Rest
     if facts.stop_kind is StopKind.FORWARDED:
         return RestartDecision(False, "a forwarded signal ended a rank")
     fixable = facts.rule == 2 or (facts.rule == 4 and facts.stop_kind is StopKind.STALL)
+    if facts.stop_kind is StopKind.NODE_LOST and facts.nodes_left is not None:
+        if facts.nodes_left < facts.min_nodes:
+            return RestartDecision(False, f"{facts.reason}; {facts.nodes_left} node(s) left, "
+                                          f"fewer than the {facts.min_nodes} --nnodes needs")
+        return _left(attempt, max_restarts, f"restarting with {facts.nodes_left} node(s) "
+                                            f"after {facts.reason}")
     if not fixable or facts.stop_kind in (StopKind.DRAIN, StopKind.NODE_LOST):
         return RestartDecision(False, f"not a failure a restart can fix ({facts.reason})")
+    return _left(attempt, max_restarts, f"restarting after {facts.reason}")
+
+
+def _left(attempt: int, max_restarts: int, why: str) -> RestartDecision:
     if attempt >= max_restarts:
         return RestartDecision(False, f"no restart left (--max-restarts {max_restarts})")
-    return RestartDecision(True, f"restarting after {facts.reason}")
+    return RestartDecision(True, why)
 
 
 def backoff(first: float, restart: int) -> float:

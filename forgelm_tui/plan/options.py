@@ -95,7 +95,7 @@ def _add_launch_options(parser: argparse.ArgumentParser) -> None:
     tr.add_argument("--nproc-per-node", "--nproc_per_node", dest="nproc_per_node",
                     metavar="N", help="ranks on this node: a number, 'cpu', 'gpu' or 'auto'")
     tr.add_argument("--nnodes", default=None,
-                    help="nodes: N or N:N (one forgelm-tui per node; default 1, or SLURM's)")
+                    help="nodes: N or MIN:MAX (elastic, with c10d; default 1, or SLURM's)")
     tr.add_argument("--node-rank", "--node_rank", dest="node_rank", default=None,
                     help="this node's rank (0 hosts the control store)")
     tr.add_argument("--master-addr", "--master_addr", dest="master_addr", default=None,

@@ -32,7 +32,7 @@ Json = dict[str, Any]
 # The fields of an attempt's own envelope that its entry in ``attempts`` keeps.
 ATTEMPT_FIELDS = ("started_at", "ended_at", "duration_s", "exit_code", "exit_name",
                   "decided_by", "root_cause_rank", "error", "cancelled", "stop", "run_dir",
-                  "supervisor_error", "ranks")
+                  "supervisor_error", "ranks", "nnodes", "world_size", "nodes")
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,7 @@ class Session:
             from forgelm_tui.cluster.summary import LinkPeers
 
             peers = LinkPeers()
+        self._early_cancel: CancelRequest | None = None  # before the backoff (several nodes)
         self.hooks = Hooks()  # the node's join and publish, the view's hang-up: every attempt's
         self.chain = AttemptChain(Supervisor(plan.spec, guardian=guardian, peers=peers,
                                              hooks=self.hooks), guardian, peers)
@@ -116,7 +117,14 @@ class Session:
             self.chain.backoff.cancel(CancelRequest(source, origin, sig, time.time(), "stop",
                                                     sender))
             return "stop"
+        self._keep(CancelRequest(source, origin, sig, time.time(), "stop", sender))
         return self.supervisor.request_cancel(origin, sig, source=source, sender=sender)
+
+    def _keep(self, cancel: CancelRequest) -> None:
+        """Several nodes: a cancel once this node's ranks are over (the others' may still run,
+        or node 0 may be deciding a restart) also cancels a restart (the backoff's first)."""
+        if self.node is not None and self.supervisor.ended_at is not None:
+            self._early_cancel = self._early_cancel or cancel
 
     def kill_now(self, origin: str = "operator",
                  source: CancelSource = CancelSource.OPERATOR) -> None:
@@ -137,6 +145,8 @@ class Session:
             self.request_cancel(f"{signal_name(sig)} to the supervisor", sig,
                                 source=CancelSource.SIGNAL, sender=sender)
             return
+        self._keep(CancelRequest(CancelSource.SIGNAL, f"{signal_name(sig)} to the supervisor",
+                                 sig, time.time(), "stop", sender))
         self.supervisor.signalled(sig, sender)
 
     def request_stacks(self, origin: str = "operator") -> bool:
@@ -182,8 +192,11 @@ class Session:
     async def _close_attempt(self) -> tuple[RestartDecision, float]:
         if self.node is None:
             return self.report.close_attempt()
-        self.report.scheduler = await self.scheduler_cause.settle()  # in node 0's record
-        return await self.node.close_attempt()  # one decision for every node
+        async with self.chain.between() as waiting:  # a cancel while node 0 decides is kept
+            self.report.scheduler = await self.scheduler_cause.settle()  # in node 0's record
+            decided = await self.node.close_attempt()  # one decision for every node
+        self._early_cancel = self._early_cancel or waiting.cancel_request
+        return decided
 
     async def _restart(self, why: str, delay: float) -> bool:
         """Wait ``delay`` (a cancel ends the run at once; on several nodes, a cancel on any
@@ -194,6 +207,8 @@ class Session:
                             self.plan.spec.nnodes)
         spec = self.plan.spec.for_attempt(attempt)
         async with self.chain.between() as backoff:
+            if self._early_cancel is not None:  # came while node 0 decided the restart
+                backoff.cancel(self._early_cancel)
             error = await self._between(backoff, attempt, delay)
             if error is None and self.node is not None:
                 spec, error = await self.node.rejoin(
@@ -206,6 +221,7 @@ class Session:
             self.report.no_restart(error, cancel)
             return False
         self.report.supervisor = self.chain.next(spec)
+        self._early_cancel = None
         return True
 
     async def _between(self, backoff: Backoff, attempt: int, delay: float) -> str | None:

@@ -1,0 +1,59 @@
+"""An elastic run's rendezvous round (``--nnodes MIN:MAX``, torchrun's c10d rule): node 0
+closes it when MAX nodes joined, or when at least MIN had joined for ``last_call_timeout``
+(``--rdzv-conf``, default 30 s); node ranks are the order of joining, node 0's is 0. Every
+attempt is a round of its own (cluster/join.py: ``join``, ``rejoin``); a node that took a
+number after the round closed is not in it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from forgelm_tui.cluster.config import ClusterConfig
+from forgelm_tui.cluster.store import ControlStore
+
+POLL = 0.05
+
+
+def close_round(store: ControlStore, config: ClusterConfig, clock: Callable[[], float],
+                deadline: float, check: Callable[[], None],
+                refuse: Callable[[str], None]) -> list[Any]:
+    """Node 0: wait for the round to fill (``check`` raises on an abort or a cancel;
+    ``refuse`` on too few nodes at the deadline), then publish its members."""
+    low, high = config.min_nodes, config.nnodes
+    since = None  # when MIN nodes had joined
+    while True:
+        joined = 1 + store.add("join-order", 0)  # node 0, and every node that took a number
+        now = clock()
+        if joined >= high:
+            count = high
+            break
+        if joined >= low:
+            since = now if since is None else since
+            if now - since >= config.last_call:
+                count = joined
+                break
+        check()
+        if now >= deadline:
+            refuse(f"{joined} node{'s' if joined > 1 else ''} joined within the join timeout "
+                   f"of {config.join_timeout:g} s; --nnodes {low}:{high} needs {low}")
+        time.sleep(POLL)
+    names = [f"node/{n}" for n in range(count)]
+    while not store.has(names):  # each registers right after taking its number
+        check()
+        if clock() >= deadline:
+            refuse("a node took its number but never registered")
+        time.sleep(POLL)
+    members = store.many(names)
+    store.set("members", members)
+    return members
+
+
+def late_line(node_rank: int, members: int, config: ClusterConfig) -> str:
+    return (f"this node joined after the round closed with {members} node"
+            f"{'s' if members > 1 else ''} (--nnodes {config.min_nodes}:{config.nnodes}, "
+            f"it came {node_rank + 1 - members} too late); a node joining a running elastic "
+            "run waits for the next round in a later version: start it before the others' "
+            "last call ends")
