@@ -60,6 +60,7 @@ class StopKind(StrEnum):
     STALL = "stall"  # no rank showed progress for the stall timeout
     FORWARDED = "forwarded"  # a rank died of a signal forwarded to it (SIGUSR1, no handler)
     NODE_LOST = "node_lost"  # another node's supervisor went silent (multi-node, SPEC §8)
+    MEMBERSHIP = "membership"  # a node joins an elastic run: every node's ranks start again
 
 
 @dataclass(frozen=True)

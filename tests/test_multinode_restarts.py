@@ -184,7 +184,7 @@ ELASTIC = rank_script("elastic_rank.py")
 
 
 def elastic_nodes(count: int, nnodes: str, tmp_path: Path, marks: Path,
-                  *extra: str) -> list[Node]:
+                  *extra: str, rank_args: tuple[str, ...] = ()) -> list[Node]:
     """``count`` supervisors of one elastic run, last call 2 s: the first (index 0) hosts the
     store (--node-rank 0), the others join without a node rank (c10d). The others start first
     and node 0 once they have imported torch: they wait for its store and join within
@@ -202,7 +202,7 @@ def elastic_nodes(count: int, nnodes: str, tmp_path: Path, marks: Path,
                str(tmp_path / "run"), "--nnodes", nnodes, "--rdzv-backend", "c10d",
                "--rdzv-endpoint", f"127.0.0.1:{port}", "--nproc-per-node", "2",
                "--node-timeout", "3", "--grace", "5", "--restart-backoff", "0.2", *own,
-               *extra, ELASTIC, str(marks)]
+               *extra, ELASTIC, str(marks), *rank_args]
         proc = subprocess.Popen(cmd, cwd=tmp_path, env=cli_env(), stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 start_new_session=True, preexec_fn=dies_with_the_test)
@@ -241,7 +241,7 @@ def test_an_elastic_run_that_loses_a_node_goes_on_with_the_others(
     assert codes == [0, 0], outputs
     assert sorted(p.name for p in marks.glob("1-*")) == ["1-0", "1-1", "1-2", "1-3"]
     for rank in range(4):
-        world, group, groups, _ = (marks / f"1-{rank}").read_text().split()
+        world, group, groups, _, _ = (marks / f"1-{rank}").read_text().split()
         assert (world, group, groups) == ("4", str(rank // 2), "2")
     envelopes = [own_envelope(n) for n in survivors]
     for envelope in envelopes:
@@ -295,3 +295,61 @@ def test_losing_node_0_of_an_elastic_run_ends_it_with_2_decided_without_agreemen
         assert envelope["agreement"]["agreed"] is False
         assert "decided without agreement" in envelope["agreement"]["note"]
     assert not list(marks.glob("1-*"))  # nothing restarted
+
+
+def test_a_node_that_arrives_while_an_elastic_run_goes_joins_the_next_round(
+        tmp_path: Path, marks: Path) -> None:
+    """--nnodes 2:3 started on two nodes (the round closes at MIN after the 2 s last call), a
+    third arrives while the ranks run: it waits for the next round, node 0 stops the run to
+    re-form it (kind ``membership``, not counted: --max-restarts 0), and the run goes on with
+    three nodes (WORLD_SIZE 6, TORCHELASTIC_RESTART_COUNT still 0) and ends 0 everywhere."""
+    nodes = elastic_nodes(2, "2:3", tmp_path, marks, rank_args=("6",))
+    wait_for(lambda: len(list(marks.glob("w4-*"))) == 4, 60, "four ranks of the first round")
+    late = late_node(nodes[0], tmp_path, marks)
+    codes = [n.wait(90) for n in [*nodes, late]]
+    outputs = [n.output() for n in [*nodes, late]]
+    assert codes == [0, 0, 0], outputs
+    assert sorted(p.name for p in marks.glob("w6-*")) == [f"w6-{r}" for r in range(6)]
+    assert all((marks / f"w6-{r}").read_text().split()[4] == "0" for r in range(6))
+    first = own_envelope(nodes[0])
+    assert [(a["attempt"], a["nnodes"], a["restart"]["restarted"]) for a in
+            first["attempts"]] == [(0, 2, True), (1, 3, False)]
+    assert first["attempts"][0]["stop"]["kind"] == "membership"
+    assert first["attempts"][0]["restart"]["why"].startswith("re-forming the run: a node is "
+                                                             "waiting to join")
+    joined = own_envelope(late)  # it took part in the second attempt only
+    assert [a["attempt"] for a in joined["attempts"]] == [1]
+    assert joined["run_dir"].endswith("node-2") and joined["world_size"] == 6
+    assert "waiting for the next one" in outputs[2][0]
+
+
+def late_node(host: Node, tmp_path: Path, marks: Path, *extra: str) -> Node:
+    """A third supervisor of the run ``host`` began (its command line, is_host=0)."""
+    args = [str(a) for a in host.proc.args]  # type: ignore[union-attr]
+    at = args.index("--node-rank")
+    cmd = [a if a != "last_call_timeout=2" else "last_call_timeout=2,is_host=0"
+           for a in args[:at] + list(extra) + args[at + 2:]]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=cli_env(), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, preexec_fn=dies_with_the_test)
+    return Node(2, proc, tmp_path / "run")
+
+
+def test_a_node_arriving_when_an_elastic_run_has_max_nodes_gives_up_at_its_join_timeout(
+        tmp_path: Path, marks: Path) -> None:
+    """--nnodes 1:2 on two nodes: a third is too late and node 0 has MAX already; it waits
+    for a round that does not come until its --join-timeout, exits 1 with one line, and the
+    run goes on untouched."""
+    nodes = elastic_nodes(2, "1:2", tmp_path, marks, rank_args=("6",))
+    wait_for(lambda: len(list(marks.glob("w4-*"))) == 4, 60, "four ranks of the first round")
+    late = late_node(nodes[0], tmp_path, marks, "--join-timeout", "4")
+    assert late.wait(60) == 1
+    out, err = late.output()
+    assert "waiting for the next one" in out + err
+    assert "no new round of the run began for this node" in out + err
+    assert "Traceback" not in out + err
+    assert all(n.proc.poll() is None for n in nodes)  # untouched
+    for node in nodes:
+        node.proc.send_signal(signal.SIGTERM)
+    assert [n.wait(60) for n in nodes] == [2, 2]
+    assert own_envelope(nodes[0])["stop"]["kind"] == "cancel"

@@ -55,7 +55,9 @@ class Membership:
     master_port: int
     nodes: tuple[NodeInfo, ...]
     hosting: bool  # this node hosts the control store (node 0)
-    node_id: int = 0  # its node rank in the first attempt: its run dir's node-<id>
+    node_id: int = 0  # its name for the whole run: its run dir's node-<id>
+    attempt: int = 0  # the attempt (round) it joined: 0 but for a late node (cluster/rejoin.py)
+    restarts_used: int = 0  # that attempt's restarts counted against --max-restarts
 
 
 class JoinRefused(Exception):
@@ -69,6 +71,15 @@ class JoinRefused(Exception):
 
 class JoinCancelled(Exception):
     """This node was asked to stop while joining."""
+
+
+class LateForRound(Exception):
+    """Elastic: this node came after round ``attempt`` closed (cluster/rejoin.py waits for the
+    next one)."""
+
+    def __init__(self, run_id: str, attempt: int, message: str) -> None:
+        super().__init__(message)
+        self.run_id, self.attempt = run_id, attempt
 
 
 class Joiner:
@@ -90,6 +101,7 @@ class Joiner:
         # docs/multinode.md), so none is made once the ranks run, where a stop must be fast.
         self.spares: list[ControlStore] = []
         self.node_id = 0
+        self.round = 0  # the attempt this node joins (elastic: the round under way)
 
     def join(self) -> Membership:
         cfg = self.config
@@ -98,15 +110,20 @@ class Joiner:
         store.set_timeout(min(self.config.call_wait, self._left()))
         run = self._run_record(store)
         store.scoped(run["run_id"])
+        self.round = 0
+        if cfg.elastic and not self.hosting:  # a name for the run, then the round under way
+            self.node_id = store.add("node-ids", 1)
+            self.round = store.get("round") if store.has(["round"]) else 0
+            if self.round:
+                store.scoped(f"{run['run_id']}/attempt-{self.round}")
         node_rank = cfg.node_rank
         if node_rank is None or cfg.elastic:  # the order of joining (elastic: each round's)
             node_rank = 0 if self.hosting else store.add("join-order", 1)
-        if not 0 <= node_rank < cfg.nnodes:
-            message = (f"node rank {node_rank} is outside --nnodes {cfg.nnodes} (more nodes "
-                       "joined than the run has)")
-            if cfg.elastic:  # the run goes on without it
-                raise JoinRefused(late_line(node_rank, cfg.nnodes, cfg))
-            self._refuse(store, message)
+        if not 0 <= node_rank < cfg.nnodes or (cfg.elastic and store.has(["members"])):
+            if cfg.elastic:  # the run goes on without it: it waits for the next round
+                raise LateForRound(run["run_id"], self.round, late_line(node_rank, cfg))
+            self._refuse(store, f"node rank {node_rank} is outside --nnodes {cfg.nnodes} "
+                         "(more nodes joined than the run has)")
         if run["version"] != cfg.version:  # before registering: node 0 never starts its ranks
             self._refuse(store, f"node {node_rank} runs forgelm-tui {cfg.version}, node 0 runs "
                          f"{run['version']}: every node must run the same version")
@@ -121,77 +138,14 @@ class Joiner:
         host = "127.0.0.1" if self.hosting else cfg.store_host  # once the node may run:
         self.spares = [store.client(host, cfg.store_port, max(CONNECT_TRY, self._left()))
                        for _ in range(SPARES)]  # a DNS stall is the join's time, not a refusal
-        nodes = self._wait_for_all(store, node_rank)
-        self.node_id = node_rank  # its name for the whole run (the run dir's node-<id>)
+        nodes = self._wait_for_all(store, node_rank, run["run_id"])
+        if not cfg.elastic:
+            self.node_id = node_rank  # its name for the whole run (the run dir's node-<id>)
+        if self.round:  # an elastic round that began after the first: its port
+            run = {**run, **store.get("run")}
         return Membership(run["run_id"], node_rank, len(nodes), run["master_addr"],
-                          run["master_port"], nodes, self.hosting, self.node_id)
-
-    def rejoin(self, run_id: str, node_rank: int, attempt: int) -> Membership:
-        """Restart ``attempt`` (1, 2...): the same nodes join again under the attempt's own
-        keys (``<run>/attempt-K/``: its stop, heartbeats, verdict start empty). Node 0 picks
-        a free master port again unless one was given and publishes it (a restart never
-        meets the port the old rank 0 still holds). A node that never comes back, or a
-        cancel during the backoff on any node (its ``abort``), refuses the restart."""
-        cfg, store = self.config, self.store
-        assert store is not None
-        self.deadline = self.clock() + cfg.join_timeout
-        self.registered = False
-        store.set_timeout(min(self.config.call_wait, self._left()))
-        store.scoped(f"{run_id}/attempt-{attempt}")
-        if self.hosting:
-            store.set("run", {"master_addr": cfg.master_addr,
-                              "master_port": cfg.master_port or _free_port()})
-        while not store.has(["run"]):
-            self._check_abort(store)
-            self._check_time("node 0 never published the restart")
-            time.sleep(POLL)
-        run = store.get("run")
-        if cfg.elastic:  # each round numbers its nodes again, in the order they join it
-            node_rank = 0 if self.hosting else store.add("join-order", 1)
-        me = NodeInfo(node_rank, socket.gethostname(), os.getpid(), cfg.nproc, cfg.version,
-                      os.urandom(8).hex())
-        held = store.first(f"node/{node_rank}", asdict(me))
-        self.registered = held == asdict(me)
-        if not self.registered:
-            self._refuse(store, f"node rank {node_rank} joined restart {attempt} twice")
-        store.set(f"beat/{node_rank}", {"seq": 0, "phase": "joining"})
-        host = "127.0.0.1" if self.hosting else cfg.store_host
-        self.spares = [store.client(host, cfg.store_port, max(CONNECT_TRY, self._left()))
-                       for _ in range(SPARES)]
-        nodes = self._wait_for_all(store, node_rank)
-        return Membership(run_id, node_rank, len(nodes), run["master_addr"],
-                          run["master_port"], nodes, self.hosting, self.node_id)
-
-    def abort_restart(self, run_id: str, attempt: int, message: str,
-                      cancel: dict[str, Any]) -> dict[str, Any]:
-        """A cancel during the backoff: every node's restart is refused with the first one
-        (first writer wins: the record every node ends with); this one when the store is
-        gone."""
-        mine = {"message": message, "cancel": cancel}
-        if self.store is None:
-            return mine
-        try:
-            self.store.scoped(f"{run_id}/attempt-{attempt}")
-            return dict(self.store.first("abort", mine))
-        except (StoreLost, StoreTimeout):
-            return mine
-
-    def watch_restart(self, run_id: str, attempt: int, until: Callable[[], bool],
-                      ) -> dict[str, Any] | None:
-        """During the backoff: another node's cancel (its abort record), if one comes before
-        ``until()``; on a connection of its own (the link's are closed by now)."""
-        assert self.store is not None
-        host = "127.0.0.1" if self.hosting else self.config.store_host
-        try:
-            watcher = self.store.client(host, self.config.store_port, self.config.call_wait)
-            watcher.scoped(f"{run_id}/attempt-{attempt}")
-            while not until():
-                abort = watcher.wait_get("abort", MEMBERS_WAIT)
-                if abort is not None:
-                    return dict(abort)
-        except (StoreLost, StoreTimeout):
-            return None
-        return None
+                          run["master_port"], nodes, self.hosting, self.node_id, self.round,
+                          run.get("restarts_used", 0))
 
     # ------------------------------------------------------------------ steps
 
@@ -255,7 +209,8 @@ class Joiner:
                          f"was given {cfg.run_id!r}")
         return run
 
-    def _wait_for_all(self, store: ControlStore, node_rank: int) -> tuple[NodeInfo, ...]:
+    def _wait_for_all(self, store: ControlStore, node_rank: int,
+                      run_id: str) -> tuple[NodeInfo, ...]:
         """Each node counts itself in once registered; the one that completes the count writes
         the members for all, and every node waits on that one record (the store wakes them):
         the join costs O(nodes) calls, not a poll of every node's key by every node. An
@@ -273,8 +228,8 @@ class Joiner:
             store.set("members", store.many([f"node/{n}" for n in range(nnodes)]))
         while True:
             members = store.wait_get("members", MEMBERS_WAIT)
-            if members is not None and node_rank >= len(members):
-                raise JoinRefused(late_line(node_rank, len(members), cfg))  # no abort: it runs
+            if members is not None and node_rank >= len(members):  # no abort: it runs
+                raise LateForRound(run_id, self.round, late_line(node_rank, cfg, len(members)))
             if members is not None:
                 return tuple(NodeInfo(**v) for v in members)
             self._check_abort(store)

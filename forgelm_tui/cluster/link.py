@@ -1,17 +1,13 @@
-"""The control plane while a multi-node run lasts (SPEC §8), for one node.
-
-Three threads, each with its own store connection (all made while joining: cluster/join.py):
-- the *inbox* wakes at once when a stop, an escalation or the verdict is published. Node 0
-  pops its queue (``inbox/0``: stops, escalations, finals); every other node reads the
-  broadcast (``bcast/<n>``): one write reaches every node, whatever their number;
-- the *publisher* writes stops, escalations, the first failure and the final, never queued
-  behind a heartbeat; the *ticker* writes this node's heartbeat (node 0's summary too, rank
-  details while someone views them) and reads what this node needs: node 0 every heartbeat
-  and final, any other node node 0's summary only (cluster/summary.py); rank details
-  (``row/<i>``, ``view/<i>``) only a node that shows them, at most once a second, only when
-  changed (cluster/views.py).
-What they learn is posted to the event loop, where all decisions are taken: a remote stop is
-the engine's stop command, a silent node a ``node_lost`` stop, remote ranks ``NodeChanged``.
+"""The control plane while a multi-node run lasts (SPEC §8), for one node: three threads, each
+with its own store connection (made while joining: cluster/join.py). The *inbox* wakes at once
+when a stop, an escalation or the verdict is published (node 0 pops ``inbox/0``: stops,
+escalations, finals, a node waiting to join; every other node reads the broadcast ``bcast/<n>``:
+one write reaches every node). The *publisher* writes stops, escalations, the first failure and
+the final, never behind a heartbeat; the *ticker* writes this node's heartbeat (node 0's summary
+too, rank details while someone views them) and reads what this node needs: node 0 every
+heartbeat and final, another node node 0's summary (cluster/summary.py); rank details
+(``row/<i>``, ``view/<i>``) only a node that shows them, at most once a second, when changed
+(cluster/views.py). What they learn is posted to the event loop, where all decisions are taken.
 """
 
 from __future__ import annotations
@@ -52,9 +48,8 @@ TICK_WAIT = 2.0  # one call of the ticker's connection (a fresh one after a call
 
 class NodeLink:
     def __init__(self, supervisor: Supervisor, membership: Membership, config: ClusterConfig,
-                 store: ControlStore, peers: LinkPeers,
-                 watching: Callable[[], Watch] = lambda: NOTHING,
-                 spares: Sequence[ControlStore] = ()) -> None:
+                 store: ControlStore, peers: LinkPeers, watching: Callable[[], Watch] =
+                 lambda: NOTHING, spares: Sequence[ControlStore] = ()) -> None:
         self.sup = supervisor
         self.me = membership.node_rank
         self.nnodes = membership.nnodes
@@ -209,6 +204,9 @@ class NodeLink:
                 self.cluster.open = 0  # every node is done or lost: node 0 decided
                 self.sup.peers_changed()
             self.verdict_ready.set()
+        elif kind == "waiting" and self.nnodes < self.config.nnodes:  # node 0, elastic
+            self._stop_here(StopKind.MEMBERSHIP, "a node is waiting to join (--nnodes "
+                            f"{self.config.min_nodes}:{self.config.nnodes})", "node joining")
 
     def _remote_stop(self, data: dict[str, Any]) -> None:
         self.agreed_stop = self.agreed_stop or data
@@ -285,15 +283,18 @@ class NodeLink:
 
     def _node_lost(self, node: int, reason: str) -> None:
         self._show(node, NodeState.LOST)
+        self._stop_here(StopKind.NODE_LOST, reason, f"node {node}", node)
+
+    def _stop_here(self, kind: StopKind, why: str, origin: str, lost: int | None = None) -> None:
+        """A stop this node decides (published by on_event, as any stop that began here)."""
         if self.sup.stop is None:
-            self.sup.apply_stop(StopRecord(StopKind.NODE_LOST, reason, f"node {node}", None,
-                                           time.time(), 0.0, grace=self.sup.spec.grace,
-                                           origin_node=self.me, lost_node=node))
+            self.sup.apply_stop(StopRecord(kind, why, origin, None, time.time(), 0.0,
+                                           grace=self.sup.spec.grace, origin_node=self.me,
+                                           lost_node=lost))
 
     def lost_before_failure(self) -> tuple[int, tuple[int, ...]] | None:
-        """The node whose loss the first failure stop is collateral of (a peer's "Connection
-        closed by peer"), and its ranks; None when no failure, or no node went silent before
-        it (Liveness.silent_before; SPEC §10)."""
+        """The node whose loss the first failure stop is collateral of, and its ranks; None
+        when no failure, or no node went silent before it (Liveness.silent_before; SPEC §10)."""
         if self.failure_seen is None:
             return None
         source = self.liveness if self.cluster is None else self.cluster

@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from forgelm_tui.cluster import agreement
-from forgelm_tui.cluster.join import JoinCancelled, Joiner, JoinRefused, Membership
+from forgelm_tui.cluster.join import JoinCancelled, JoinRefused, Membership
 from forgelm_tui.cluster.link import NodeLink
+from forgelm_tui.cluster.rejoin import RoundJoiner
 from forgelm_tui.cluster.restart import ClosedAttempt, decide_attempt, run_outcome
 from forgelm_tui.cluster.store import ControlStore, StoreLost, StoreTimeout
 from forgelm_tui.cluster.summary import LinkPeers
@@ -63,7 +64,7 @@ class NodeRun:
         self.peers = peers
         session.hooks.before_launch = self.join
         session.hooks.local_done = self.local_done
-        self.joiner: Joiner | None = None
+        self.joiner: RoundJoiner | None = None
         self.membership: Membership | None = None
         self.link: NodeLink | None = None
         self.own_final: dict[str, Any] | None = None
@@ -86,7 +87,7 @@ class NodeRun:
         def notice(text: str) -> None:  # the join's thread: a line for the views
             loop.call_soon_threadsafe(self.sup.emit, ev.RunNotice(text, time.time()))
 
-        self.joiner = joiner = Joiner(self.config, lambda: self.sup.stop is not None,
+        self.joiner = joiner = RoundJoiner(self.config, lambda: self.sup.stop is not None,
                                       notice=notice)
         try:
             membership = await loop.run_in_executor(None, joiner.join)
@@ -135,7 +136,13 @@ class NodeRun:
             plan.spec, run_id=membership.run_id, run_dir=run_dir,
             node_rank=membership.node_rank, nnodes=membership.nnodes,
             master_addr=membership.master_addr, master_port=membership.master_port)
-        self.sup.settle(spec)
+        joined = membership.attempt  # a node that joined an elastic run late: that attempt's
+        own = spec.for_attempt(joined, joined - membership.restarts_used) if joined else spec
+        try:
+            make_private_dir(own.run_dir)
+        except OSError as exc:
+            return f"--run-dir {own.run_dir}: cannot create ({exc.strerror})"
+        self.sup.settle(own)
         info = dataclasses.replace(plan.info, spec=spec, run_id=membership.run_id,
                                    run_dir=str(run_dir),
                                    requeues=requeues_entry(node_dir, requeued))
@@ -288,7 +295,8 @@ class NodeRun:
         joiner.cancelled = cancelled
         try:
             membership = await loop.run_in_executor(None, joiner.rejoin, spec.run_id,
-                                                    spec.node_rank, attempt)
+                                                    spec.node_rank, attempt,
+                                                    spec.restarts_used)
         except JoinRefused as exc:
             return spec, f"the restart could not start: {exc}"
         except JoinCancelled:

@@ -49,13 +49,14 @@ class ClosedAttempt:
     def to_wire(self) -> dict[str, Any]:
         return {"outcome": encode(self.outcome), "started_at": self.started_at,
                 "restart": {"restart": self.decision.restart, "why": self.decision.why,
-                            "delay": self.delay}}
+                            "counted": self.decision.counted, "delay": self.delay}}
 
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> ClosedAttempt:
         restart = data["restart"]
         return cls(decode(RunOutcome, data["outcome"]),
-                   RestartDecision(bool(restart["restart"]), str(restart["why"])),
+                   RestartDecision(bool(restart["restart"]), str(restart["why"]),
+                                   bool(restart.get("counted", True))),
                    float(restart["delay"]), data["started_at"])
 
 
@@ -75,8 +76,10 @@ def decide_attempt(outcome: RunOutcome, sup: Supervisor, plan: Plan,
         launch_error=any(n.launch_error for n in outcome.nodes),
         nodes_left=agreed.nnodes - len(agreed.nodes_lost) if elastic and agreed else None,
         min_nodes=plan.cluster.min_nodes if plan.cluster is not None else 0)
-    decision = decide_restart(facts, index, plan.spec.max_restarts)
-    delay = backoff(plan.info.restart_backoff, index + 1) if decision.restart else 0.0
+    used = sup.spec.restarts_used
+    decision = decide_restart(facts, used, plan.spec.max_restarts)
+    delay = (backoff(plan.info.restart_backoff, used + 1) if decision.counted else 0.0) \
+        if decision.restart else 0.0
     frame = replace(outcome.frame, started_at=sup.started_at, ended_at=sup.ended_at,
                     restarts=Restarts(plan.spec.max_restarts, index))
     return ClosedAttempt(replace(outcome, frame=frame), decision, delay, run_started)
@@ -93,6 +96,6 @@ def run_outcome(outcome: RunOutcome, attempts: Sequence[Attempt],
         nodes = (replace(nodes[0], cancelled=cancelled), *nodes[1:])
     frame = replace(outcome.frame, started_at=started_at or outcome.frame.started_at,
                     provisional=provisional,
-                    restarts=Restarts(max_restarts, len(attempts) - 1, tuple(attempts)))
+                    restarts=Restarts(max_restarts, attempts[-1].attempt, tuple(attempts)))
     return replace(outcome, frame=frame, nodes=nodes,
                    scheduler=outcome.scheduler or scheduler)

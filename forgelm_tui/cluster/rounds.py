@@ -51,9 +51,9 @@ def close_round(store: ControlStore, config: ClusterConfig, clock: Callable[[], 
     return members
 
 
-def late_line(node_rank: int, members: int, config: ClusterConfig) -> str:
-    return (f"this node joined after the round closed with {members} node"
-            f"{'s' if members > 1 else ''} (--nnodes {config.min_nodes}:{config.nnodes}, "
-            f"it came {node_rank + 1 - members} too late); a node joining a running elastic "
-            "run waits for the next round in a later version: start it before the others' "
-            "last call ends")
+def late_line(node_rank: int, config: ClusterConfig, members: int | None = None) -> str:
+    """What a node too late for the round under way says while it waits for the next."""
+    closed = "" if members is None else f" with {members} node{'s' if members > 1 else ''}"
+    return (f"the round under way closed{closed} before this node joined it (--nnodes "
+            f"{config.min_nodes}:{config.nnodes}): waiting for the next one (node 0 re-forms "
+            "the run with this node when it has fewer than MAX)")

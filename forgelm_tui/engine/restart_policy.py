@@ -44,10 +44,11 @@ class AttemptFacts:
 class RestartDecision:
     restart: bool
     why: str  # "restarting after ..." or why not
+    counted: bool = True  # against --max-restarts (a node joining an elastic run is not)
 
 
 def decide_restart(facts: AttemptFacts, attempt: int, max_restarts: int) -> RestartDecision:
-    """``attempt``: the one that ended (0: the first launch)."""
+    """``attempt``: how many counted restarts came before the attempt that ended."""
     if facts.launch_error:
         return RestartDecision(False, "the ranks could not be started")
     if facts.supervisor_error:
@@ -59,6 +60,8 @@ def decide_restart(facts: AttemptFacts, attempt: int, max_restarts: int) -> Rest
     if facts.code in NEVER_RESTARTED:
         return RestartDecision(False, f"exit {facts.code} is the run's own outcome; a restart "
                                       "would not change it")
+    if facts.stop_kind is StopKind.MEMBERSHIP:  # as torchrun's agents: never counted
+        return RestartDecision(True, f"re-forming the run: {facts.reason}", counted=False)
     if facts.stop_kind is StopKind.FORWARDED:
         return RestartDecision(False, "a forwarded signal ended a rank")
     fixable = facts.rule == 2 or (facts.rule == 4 and facts.stop_kind is StopKind.STALL)

@@ -38,14 +38,20 @@ class LaunchSpec:
     extra_env: Mapping[str, str] = field(default_factory=dict)
     cwd: Path | None = None
     unbuffered: bool = True  # PYTHONUNBUFFERED=1 unless the caller set it
-    restart_count: int = 0  # which attempt this is (0: the first launch), TORCHELASTIC_*
+    restart_count: int = 0  # which attempt this is (0: the first launch)
     max_restarts: int = 0  # --max-restarts: how many restarts the run may make
+    uncounted: int = 0  # attempts before this one that an elastic run's new node began
 
-    def for_attempt(self, attempt: int) -> LaunchSpec:
+    def for_attempt(self, attempt: int, uncounted: int = 0) -> LaunchSpec:
         """The spec of restart ``attempt`` (1, 2...): the same ranks, their files in
         ``<run dir>/attempt-<attempt>/`` (the first attempt's stay where they always were)."""
         return replace(self, run_dir=self.run_dir / f"attempt-{attempt}",
-                       restart_count=attempt)
+                       restart_count=attempt, uncounted=uncounted)
+
+    @property
+    def restarts_used(self) -> int:
+        """Restarts counted against --max-restarts so far (TORCHELASTIC_RESTART_COUNT)."""
+        return self.restart_count - self.uncounted
 
     @property
     def shown_argv(self) -> tuple[str, ...]:
@@ -85,7 +91,7 @@ def rank_env(spec: LaunchSpec, local_rank: int, base: Mapping[str, str]) -> dict
             "MASTER_ADDR": spec.master_addr,
             "MASTER_PORT": str(spec.master_port),
             "TORCHELASTIC_RUN_ID": spec.run_id,
-            "TORCHELASTIC_RESTART_COUNT": str(spec.restart_count),
+            "TORCHELASTIC_RESTART_COUNT": str(spec.restarts_used),
             "TORCHELASTIC_MAX_RESTARTS": str(spec.max_restarts),
             "TORCHELASTIC_ERROR_FILE": str(spec.error_file(rank)),
             "FORGELM_TUI_RUN_DIR": str(spec.run_dir),

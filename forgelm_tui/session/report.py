@@ -159,7 +159,7 @@ class RunReport:
         self.started_at = self.started_at or sup.started_at
         verdict = self.verdict()
         facts = attempt_facts(sup, verdict)
-        decision = decide_restart(facts, index, self.plan.spec.max_restarts)
+        decision = decide_restart(facts, sup.spec.restarts_used, self.plan.spec.max_restarts)
         delay = backoff(self.plan.info.restart_backoff, index + 1) if decision.restart else 0.0
         self.attempts.append(Attempt(index, self._attempt_fields(verdict, provisional=False),
                                      decision, delay if decision.restart else None))

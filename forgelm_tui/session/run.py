@@ -184,7 +184,7 @@ class Session:
             while True:
                 await self.chain.supervise()
                 decision, delay = await self._close_attempt()
-                if not decision.restart or not await self._restart(decision.why, delay):
+                if not decision.restart or not await self._restart(decision, delay):
                     return
         finally:
             signals.remove()
@@ -198,14 +198,15 @@ class Session:
         self._early_cancel = self._early_cancel or waiting.cancel_request
         return decided
 
-    async def _restart(self, why: str, delay: float) -> bool:
+    async def _restart(self, decision: RestartDecision, delay: float) -> bool:
         """Wait ``delay`` (a cancel ends the run at once; on several nodes, a cancel on any
         node), then the next attempt's supervisor (on several nodes, once every node joined
         it: cluster/node.py)."""
-        attempt = self.supervisor.spec.restart_count + 1
-        self.chain.announce(attempt, self.plan.spec.max_restarts, why, delay,
+        last = self.supervisor.spec
+        attempt = last.restart_count + 1
+        self.chain.announce(attempt, self.plan.spec.max_restarts, decision.why, delay,
                             self.plan.spec.nnodes)
-        spec = self.plan.spec.for_attempt(attempt)
+        spec = self.plan.spec.for_attempt(attempt, last.uncounted + (not decision.counted))
         async with self.chain.between() as backoff:
             if self._early_cancel is not None:  # came while node 0 decided the restart
                 backoff.cancel(self._early_cancel)
