@@ -243,6 +243,7 @@ def test_an_elastic_run_that_loses_a_node_goes_on_with_the_others(
     for rank in range(4):
         world, group, groups, _, _ = (marks / f"1-{rank}").read_text().split()
         assert (world, group, groups) == ("4", str(rank // 2), "2")
+    assert all("attempt 2/3: 2 nodes, WORLD_SIZE 4" in out for out, _ in outputs)
     envelopes = [own_envelope(n) for n in survivors]
     for envelope in envelopes:
         first, second = envelope["attempts"]
@@ -321,6 +322,8 @@ def test_a_node_that_arrives_while_an_elastic_run_goes_joins_the_next_round(
     assert [a["attempt"] for a in joined["attempts"]] == [1]
     assert joined["run_dir"].endswith("node-2") and joined["world_size"] == 6
     assert "waiting for the next one" in outputs[2][0]
+    assert "attempt 2/2: re-forming the run: a node is waiting to join" in outputs[0][0]
+    assert "attempt 2/2: 3 nodes, WORLD_SIZE 6" in outputs[0][0]
 
 
 def late_node(host: Node, tmp_path: Path, marks: Path, *extra: str) -> Node:

@@ -204,9 +204,11 @@ class Session:
         it: cluster/node.py)."""
         last = self.supervisor.spec
         attempt = last.restart_count + 1
-        self.chain.announce(attempt, self.plan.spec.max_restarts, decision.why, delay,
-                            self.plan.spec.nnodes)
+        elastic = self.plan.cluster is not None and self.plan.cluster.elastic
         spec = self.plan.spec.for_attempt(attempt, last.uncounted + (not decision.counted))
+        most = spec.max_restarts + spec.uncounted  # a node joining is one attempt more
+        self.chain.announce(attempt, most, decision.why, delay,
+                            1 if elastic else self.plan.spec.nnodes)  # elastic: once known
         async with self.chain.between() as backoff:
             if self._early_cancel is not None:  # came while node 0 decided the restart
                 backoff.cancel(self._early_cancel)
@@ -221,6 +223,10 @@ class Session:
         if error is not None:
             self.report.no_restart(error, cancel)
             return False
+        if elastic:  # the round's membership, known now
+            self.supervisor.emit(ev.RunNotice(
+                f"attempt {attempt + 1}/{most + 1}: {spec.nnodes} nodes, WORLD_SIZE "
+                f"{spec.world_size}", time.time()))
         self.report.supervisor = self.chain.next(spec)
         self._early_cancel = None
         return True

@@ -23,10 +23,12 @@ def ending_notes(envelope: dict[str, Any]) -> list[str]:
         notes.append(f"forgelm-tui failed: {error['type']}: {error['message']} (in "
                      f"{error['where']}); the envelope has its traceback")
     attempts = envelope.get("attempts") or []
-    if envelope.get("max_restarts"):
-        last = attempts[-1]["restart"] if attempts and attempts[-1]["restart"] else {}
-        notes.append(f"attempt {len(attempts)}/{envelope['max_restarts'] + 1} was the last: "
-                     f"{last.get('why', '-')}; each restart's logs in attempt-K/ of the run dir")
+    if attempts and (envelope.get("max_restarts") or len(attempts) > 1):
+        last = attempts[-1]["restart"] or {}
+        number = attempts[-1]["attempt"] + 1  # a node joining an elastic run is one more
+        most = max(envelope.get("max_restarts", 0) + 1, number)
+        notes.append(f"attempt {number}/{most} was the last: {last.get('why', '-')}; each "
+                     "restart's logs in attempt-K/ of the run dir")
     return notes + descendant_lines(envelope.get("descendants", []))
 
 
