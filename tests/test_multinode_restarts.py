@@ -356,3 +356,35 @@ def test_a_node_arriving_when_an_elastic_run_has_max_nodes_gives_up_at_its_join_
         node.proc.send_signal(signal.SIGTERM)
     assert [n.wait(60) for n in nodes] == [2, 2]
     assert own_envelope(nodes[0])["stop"]["kind"] == "cancel"
+
+
+def test_an_attached_viewer_follows_every_nodes_restart_on_one_connection(
+        tmp_path: Path, marks: Path) -> None:
+    """A viewer attached to node 0 sees the restart (its attempt), the new attempt's ranks on
+    both nodes and the run's verdict, without attaching again."""
+    from forgelm_tui.control.client import ControlClient, ControlError
+    from forgelm_tui.engine import events as ev
+
+    nodes = start_nodes(2, [CRASH, str(marks), "3", "exit:9"], tmp_path,
+                        common=["--nproc-per-node", "2", "--grace", "5", "--max-restarts", "1",
+                                "--restart-backoff", "2"])
+    sock = nodes[0].run_dir / "control.sock"
+    wait_for(sock.exists, 60, "node 0's control socket")
+    client = ControlClient(sock)
+    items: list[Any] = []
+    try:
+        while not any(isinstance(i, ev.VerdictReached) for i in items):
+            items.append(client.next_item())
+    except ControlError:
+        pass
+    finally:
+        client.close()
+    assert wait_all(nodes, 60) == [0, 0]
+    restarted = next(n for n, i in enumerate(items) if (
+        isinstance(i, ev.AttemptStarted) and i.attempt == 1) or (
+        isinstance(i, ev.RunSnapshot) and i.attempt is not None and i.attempt.attempt == 1))
+    later = items[restarted:]
+    assert {i.rank for i in later if isinstance(i, ev.RankStarted)} == {0, 1}
+    assert any(isinstance(i, ev.NodeChanged) and i.node_rank == 1 and i.ranks for i in later)
+    verdict = next(i for i in later if isinstance(i, ev.VerdictReached))
+    assert verdict.verdict.code == 0
