@@ -85,6 +85,8 @@ def scenarios(marks: Callable[[str], Path], root: Path) -> list[Scenario]:
                  ["--partition=low", "--cpus-per-task=8"]),
         Scenario("network_cut", ["--node-timeout", str(NODE_TIMEOUT), "--grace", "3", *loop,
                                  str(marks("network_cut"))]),
+        # requeued once by the test (scontrol requeue), then cancelled in its second run
+        Scenario("requeue", [*demo, "--steps", "100000"], ["--requeue"]),
     ]
 
 
