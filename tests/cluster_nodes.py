@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -17,19 +18,20 @@ from conftest import cli_env, dies_with_the_test, pid_alive, wait_for
 
 
 def free_port_pair() -> int:
-    """A port P with P and P+1 both free (rank 0's store and the control store)."""
-    for _ in range(200):
-        with socket.socket() as first:
-            first.bind(("", 0))
-            port = first.getsockname()[1]
-            if port >= 65534:
+    """A port P with P and P+1 both free (rank 0's store and the control store), below the
+    kernel's ephemeral range (32768-60999 here): the ports the kernel hands out meanwhile (a
+    connection's own end, a port node 0 picks for a restart's rank 0) never take it between
+    this check and the node that binds it. Random, so that parallel tests rarely meet."""
+    rng = random.Random()
+    for _ in range(500):
+        port = rng.randrange(20000, 32000)
+        with socket.socket() as first, socket.socket() as second:
+            try:
+                first.bind(("", port))
+                second.bind(("", port + 1))
+            except OSError:
                 continue
-            with socket.socket() as second:
-                try:
-                    second.bind(("", port + 1))
-                except OSError:
-                    continue
-                return int(port)
+            return port
     raise AssertionError("no free pair of ports")
 
 

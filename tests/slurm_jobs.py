@@ -42,6 +42,9 @@ class Scenario:
     target: list[str]  # forgelm-tui's own options and the rank command (or `demo ...`)
     sbatch: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)  # on top of the client's (sbatch exports)
+    # The batch script requeues its own job once rank 3 trains (scontrol requeue, as a
+    # preemption with PreemptMode=REQUEUE would); the requeued run trains 5 steps and ends.
+    requeue_self: bool = False
 
 
 def forgelm_job(root: Path) -> tuple[Path, dict[str, str]]:
@@ -85,8 +88,7 @@ def scenarios(marks: Callable[[str], Path], root: Path) -> list[Scenario]:
                  ["--partition=low", "--cpus-per-task=8"]),
         Scenario("network_cut", ["--node-timeout", str(NODE_TIMEOUT), "--grace", "3", *loop,
                                  str(marks("network_cut"))]),
-        # requeued once by the test (scontrol requeue), then cancelled in its second run
-        Scenario("requeue", [*demo, "--steps", "100000"], ["--requeue"]),
+        Scenario("requeue", demo, ["--requeue"], requeue_self=True),
     ]
 
 
@@ -207,6 +209,13 @@ def submit(scenario: Scenario, root: Path, env: dict[str, str]) -> Job:
     # The batch shell ignores SLURM's SIGTERM: dying of it, it would take srun with it, and the
     # step would be SIGKILLed a few seconds later instead of KillWait (docs/schedulers.md).
     wrap = "trap '' TERM; srun --ntasks-per-node=1 " + shlex.join(command)
+    if scenario.requeue_self:
+        log = shlex.quote(str(job_dir / "run" / "node-1" / "rank-3.stdout.log"))
+        wrap = (f"trap '' TERM; if [ \"${{SLURM_RESTART_COUNT:-0}}\" = 0 ]; then srun "
+                f"--ntasks-per-node=1 {shlex.join([*command, '--steps', '100000'])} & "
+                f"until grep -q 'step 3/' {log} 2>/dev/null; do sleep 1; done; "
+                f"scontrol requeue \"$SLURM_JOB_ID\"; wait; else srun --ntasks-per-node=1 "
+                f"{shlex.join([*command, '--steps', '5'])}; fi")
     done = subprocess.run(
         ["sbatch", "--parsable", "-N2", "--ntasks-per-node=1",
          *([] if any(o.startswith("--cpus") for o in scenario.sbatch) else ["--cpus-per-task=1"]),

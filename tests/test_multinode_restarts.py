@@ -388,3 +388,24 @@ def test_an_attached_viewer_follows_every_nodes_restart_on_one_connection(
     assert any(isinstance(i, ev.NodeChanged) and i.node_rank == 1 and i.ranks for i in later)
     verdict = next(i for i in later if isinstance(i, ev.VerdictReached))
     assert verdict.verdict.code == 0
+
+
+def test_a_lost_node_that_broke_a_collective_first_is_never_restarted_with_a_fixed_count(
+        tmp_path: Path, marks: Path) -> None:
+    """Two nodes, a gloo rank each, --max-restarts 2: node 1's supervisor SIGKILLed, rank 0
+    fails first ("Connection closed by peer"), the agreed stop is a failure, but the verdict
+    names node 1's loss: no restart (nothing would replace node 1; a restart would wait for it
+    until --join-timeout). The run ends 2 at once."""
+    from test_multinode import ready_pids
+
+    nodes = start_nodes(2, [rank_script("gloo_loop.py"), str(marks)], tmp_path,
+                        common=["--grace", "5", "--nproc-per-node", "1", "--node-timeout", "3",
+                                "--max-restarts", "2", "--restart-backoff", "0.2"])
+    ready_pids(marks, 2)
+    nodes[1].proc.send_signal(signal.SIGKILL)
+    assert nodes[0].wait(60) == 2
+    (attempt,) = nodes[0].envelope()["attempts"]
+    assert attempt["restart"]["restarted"] is False
+    assert attempt["restart"]["why"].startswith("not a failure a restart can fix (node 1 "
+                                                "lost"), attempt["restart"]
+    assert not (nodes[0].run_dir / "attempt-1").exists()

@@ -64,9 +64,11 @@ class JoinRefused(Exception):
     """The run cannot start; the message names why (published so every node says the same).
     ``stop``: a node was cancelled while joining; its stop record, for every node to apply."""
 
-    def __init__(self, message: str, stop: dict[str, Any] | None = None) -> None:
+    def __init__(self, message: str, stop: dict[str, Any] | None = None,
+                 cancel: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.stop = stop
+        self.cancel = cancel  # a cancel during a restart's backoff (cluster/rejoin.py)
 
 
 class JoinCancelled(Exception):
@@ -248,7 +250,7 @@ class Joiner:
         if store.has(["abort"]):
             abort = store.get("abort")
             self._seen_abort(store)
-            raise JoinRefused(abort["message"], abort.get("stop"))
+            raise JoinRefused(abort["message"], abort.get("stop"), abort.get("cancel"))
 
     def _refuse(self, store: ControlStore, message: str) -> None:
         """Publish why the run cannot start (the first reason wins) and refuse with it."""

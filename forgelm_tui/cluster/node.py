@@ -18,8 +18,16 @@ from forgelm_tui.cluster import agreement
 from forgelm_tui.cluster.join import JoinCancelled, JoinRefused, Membership
 from forgelm_tui.cluster.link import NodeLink
 from forgelm_tui.cluster.rejoin import RoundJoiner
-from forgelm_tui.cluster.restart import ClosedAttempt, decide_attempt, run_outcome
-from forgelm_tui.cluster.store import ControlStore, StoreLost, StoreTimeout
+from forgelm_tui.cluster.restart import (
+    ClosedAttempt,
+    ack,
+    decide_attempt,
+    first_record,
+    publish_verdict,
+    read_verdict,
+    run_outcome,
+)
+from forgelm_tui.cluster.store import StoreLost, StoreTimeout
 from forgelm_tui.cluster.summary import LinkPeers
 from forgelm_tui.cluster.views import node_changed
 from forgelm_tui.cluster.wire import ending_to_wire, stop_from_wire, stop_to_wire
@@ -53,7 +61,6 @@ class Host(Protocol):
 
     @property
     def supervisor(self) -> Supervisor: ...
-
 
 
 class NodeRun:
@@ -221,8 +228,8 @@ class NodeRun:
         finals = {0: self.own_final, **link.finals}
         lost = sorted(n for n, p in link.liveness.peers.items() if p.state is NodeState.LOST)
         store = link.store
-        stop = await loop.run_in_executor(None, _first, store, "stop")
-        first_failure = await loop.run_in_executor(None, _first, store, "first-failure")
+        stop = await loop.run_in_executor(None, first_record, store, "stop")
+        first_failure = await loop.run_in_executor(None, first_record, store, "first-failure")
         verdict = agreement.decide_global(finals, stop, self.session.plan.contract,
                                           first_failure,
                                           rank0_decides=self.session.plan.forgelm_mode,
@@ -236,7 +243,7 @@ class NodeRun:
         closed = decide_attempt(outcome, sup, self.session.plan,
                                 report.started_at or sup.started_at)
         waiting = [n for n in range(1, self.membership_nnodes()) if n not in lost]
-        await loop.run_in_executor(None, _publish_verdict, store, closed,  # node 0 waits for
+        await loop.run_in_executor(None, publish_verdict, store, closed,  # node 0 waits for
                                    0 if closed.decision.restart else len(waiting),  # readers
                                    self.config.ack_wait)
         return closed
@@ -246,7 +253,7 @@ class NodeRun:
         deadline = time.monotonic() + max(2 * self.config.node_timeout, 10.0)
         published = None
         while link.store_lost is None and time.monotonic() < deadline:
-            published = await loop.run_in_executor(None, _read_verdict, link.store)
+            published = await loop.run_in_executor(None, read_verdict, link.store)
             if published is not None:
                 break
             link.verdict_ready.clear()
@@ -260,7 +267,7 @@ class NodeRun:
         except (DecodeError, KeyError, TypeError) as exc:
             self._without_agreement(f"node 0's outcome could not be read ({exc})")
             return None
-        await loop.run_in_executor(None, _ack, link.store)  # node 0 may leave now: it is last
+        await loop.run_in_executor(None, ack, link.store)  # node 0 may leave now: it is last
         return closed
 
     def _without_agreement(self, why: str) -> RunEnding:
@@ -298,12 +305,20 @@ class NodeRun:
                                                     spec.node_rank, attempt,
                                                     spec.restarts_used)
         except JoinRefused as exc:
+            if exc.cancel is not None:  # another node's cancel during the backoff: its words
+                self.backoff_abort = {"message": str(exc), "cancel": exc.cancel}
+                return spec, str(exc)
             return spec, f"the restart could not start: {exc}"
         except JoinCancelled:
             return spec, "cancelled while the nodes joined the restart"
         except (StoreLost, StoreTimeout) as exc:
             return spec, f"the restart could not start: control store: {exc}"
         self.membership = membership
+        if membership.attempt != attempt:  # too late for an elastic round: a later one
+            spec = self.session.plan.spec.for_attempt(
+                membership.attempt, membership.attempt - membership.restarts_used)
+            with contextlib.suppress(OSError):
+                make_private_dir(spec.run_dir)
         spec = dataclasses.replace(  # an elastic round may have other nodes, other ranks
             spec, master_addr=membership.master_addr, master_port=membership.master_port,
             node_rank=membership.node_rank, nnodes=membership.nnodes)
@@ -312,6 +327,13 @@ class NodeRun:
             plan, info=dataclasses.replace(plan.info, spec=spec))
         self.session.report.plan = plan
         return spec, None
+
+    async def refuse_restart(self, attempt: int, why: str) -> None:
+        """This node cannot start the restart (its attempt dir): every node ends the run."""
+        joiner, loop = self.joiner, asyncio.get_running_loop()
+        if joiner is not None:
+            await loop.run_in_executor(None, joiner.abort_restart, self.session.plan.spec.run_id,
+                                       attempt, f"node {self.sup.spec.node_rank}: {why}", None)
 
     async def abort_restart(self, attempt: int, cancel: CancelRequest) -> str:
         """A cancel during the backoff (here, or another node's): every node ends the run,
@@ -355,35 +377,3 @@ class NodeRun:
     def membership_nnodes(self) -> int:
         assert self.membership is not None
         return self.membership.nnodes
-
-
-def _first(store: ControlStore, key: str) -> dict[str, Any] | None:
-    """A first-writer-wins record (the agreed stop, the first failure), if any was written."""
-    try:
-        return store.get(key) if store.has([key]) else None
-    except (StoreLost, StoreTimeout):
-        return None
-
-
-def _publish_verdict(store: ControlStore, closed: ClosedAttempt, waiting: int,
-                     wait: float) -> None:
-    store.set("verdict", closed.to_wire())
-    store.broadcast({"kind": "verdict"})
-    deadline = time.monotonic() + wait  # ClusterConfig.ack_wait (--rdzv-conf close_timeout)
-    while store.add("acks", 0) < waiting and time.monotonic() < deadline:
-        time.sleep(0.02)  # node 0 exits last: its store must outlive the others' reads
-
-
-def _ack(store: ControlStore) -> None:
-    with contextlib.suppress(StoreLost, StoreTimeout):
-        store.add("acks", 1)
-
-
-def _read_verdict(store: ControlStore) -> dict[str, Any] | None:
-    try:
-        if not store.has(["verdict"]):
-            return None
-        published: dict[str, Any] = store.get("verdict")
-        return published
-    except (StoreLost, StoreTimeout):
-        return None

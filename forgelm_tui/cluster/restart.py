@@ -11,16 +11,20 @@ node decides a restart on its own: a node that cannot read node 0's decision end
 
 from __future__ import annotations
 
+import contextlib
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from forgelm_tui.cluster.store import ControlStore, StoreLost, StoreTimeout
 from forgelm_tui.engine.codec import decode, encode
 from forgelm_tui.engine.restart_policy import AttemptFacts, RestartDecision, backoff, decide_restart
 from forgelm_tui.engine.supervisor import Supervisor
 from forgelm_tui.envelope import build as env_mod
 from forgelm_tui.plan.planner import Plan, RunInfo
 from forgelm_tui.session.outcome import ATTEMPT_FIELDS, Attempt, Restarts, RunOutcome
+from forgelm_tui.verdict import StopKind
 
 
 @dataclass(frozen=True)
@@ -68,9 +72,14 @@ def decide_attempt(outcome: RunOutcome, sup: Supervisor, plan: Plan,
     stop, verdict, agreed = outcome.stop, outcome.verdict, outcome.agreement
     index = sup.spec.restart_count
     elastic = plan.cluster is not None and plan.cluster.elastic and agreed is not None
+    kind, reason = (stop.kind, stop.reason) if stop else (None, verdict.rule_text)
+    if agreed is not None and agreed.nodes_lost and kind is not StopKind.MEMBERSHIP:
+        # a lost node, whatever its loss made fail first (a peer's "Connection closed")
+        lost = ", ".join(map(str, agreed.nodes_lost))
+        kind, reason = StopKind.NODE_LOST, reason if kind is StopKind.NODE_LOST else (
+            f"node {lost} lost ({verdict.rule_text})")
     facts = AttemptFacts(
-        code=verdict.code, rule=verdict.rule, stop_kind=stop.kind if stop else None,
-        reason=stop.reason if stop else verdict.rule_text,
+        code=verdict.code, rule=verdict.rule, stop_kind=kind, reason=reason,
         cancelled=any(n.cancels or n.cancelled for n in outcome.nodes),
         supervisor_error=sup.faults.error is not None,
         launch_error=any(n.launch_error for n in outcome.nodes),
@@ -99,3 +108,38 @@ def run_outcome(outcome: RunOutcome, attempts: Sequence[Attempt],
                     restarts=Restarts(max_restarts, attempts[-1].attempt, tuple(attempts)))
     return replace(outcome, frame=frame, nodes=nodes,
                    scheduler=outcome.scheduler or scheduler)
+
+
+# ---------------------------------------------------------------------- the store's side
+
+
+def first_record(store: ControlStore, key: str) -> dict[str, Any] | None:
+    """A first-writer-wins record (the agreed stop, the first failure), if any was written."""
+    try:
+        return store.get(key) if store.has([key]) else None
+    except (StoreLost, StoreTimeout):
+        return None
+
+
+def publish_verdict(store: ControlStore, closed: ClosedAttempt, waiting: int,
+                     wait: float) -> None:
+    store.set("verdict", closed.to_wire())
+    store.broadcast({"kind": "verdict"})
+    deadline = time.monotonic() + wait  # ClusterConfig.ack_wait (--rdzv-conf close_timeout)
+    while store.add("acks", 0) < waiting and time.monotonic() < deadline:
+        time.sleep(0.02)  # node 0 exits last: its store must outlive the others' reads
+
+
+def ack(store: ControlStore) -> None:
+    with contextlib.suppress(StoreLost, StoreTimeout):
+        store.add("acks", 1)
+
+
+def read_verdict(store: ControlStore) -> dict[str, Any] | None:
+    try:
+        if not store.has(["verdict"]):
+            return None
+        published: dict[str, Any] = store.get("verdict")
+        return published
+    except (StoreLost, StoreTimeout):
+        return None

@@ -213,7 +213,9 @@ class Session:
             if self._early_cancel is not None:  # came while node 0 decided the restart
                 backoff.cancel(self._early_cancel)
             error = await self._between(backoff, attempt, delay)
-            if error is None and self.node is not None:
+            if error is not None and self.node is not None:  # the others end with it
+                await self.node.refuse_restart(attempt, error)
+            elif backoff.cancel_request is None and self.node is not None:
                 spec, error = await self.node.rejoin(
                     attempt, spec, lambda: backoff.cancel_request is not None)
             cancel = backoff.cancel_request

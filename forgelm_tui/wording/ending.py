@@ -25,7 +25,7 @@ def ending_notes(envelope: dict[str, Any]) -> list[str]:
     attempts = envelope.get("attempts") or []
     if attempts and (envelope.get("max_restarts") or len(attempts) > 1):
         last = attempts[-1]["restart"] or {}
-        number = attempts[-1]["attempt"] + 1  # a node joining an elastic run is one more
+        number = attempts[-1].get("attempt", len(attempts) - 1) + 1  # one more: a node joined
         most = max(envelope.get("max_restarts", 0) + 1, number)
         notes.append(f"attempt {number}/{most} was the last: {last.get('why', '-')}; each "
                      "restart's logs in attempt-K/ of the run dir")
