@@ -82,10 +82,11 @@ def scenarios(marks: Callable[[str], Path], root: Path) -> list[Scenario]:
         Scenario("time_limit_forgelm", ["--config", str(config)], ["--time=3"], forgelm_env),
         Scenario("sigkill_node", ["--node-timeout", str(NODE_TIMEOUT), *loop,
                                   str(marks("sigkill_node"))]),
-        # the only job of the preemptible partition, holding 8 of each node's 16 CPUs: an
-        # urgent job that needs 9 can only get them by preempting it, whatever else runs
+        # the only job of the preemptible partition, holding 9 of each node's 18 CPUs (the 9
+        # other jobs hold one each: every job starts at once): an urgent job that needs 10 can
+        # only get them by preempting it, whatever else runs
         Scenario("preempted", [*demo, "--steps", "100000", "--cleanup-seconds", "2"],
-                 ["--partition=low", "--cpus-per-task=8"]),
+                 ["--partition=low", "--cpus-per-task=9"]),
         Scenario("network_cut", ["--node-timeout", str(NODE_TIMEOUT), "--grace", "3", *loop,
                                  str(marks("network_cut"))]),
         Scenario("requeue", demo, ["--requeue"], requeue_self=True),
