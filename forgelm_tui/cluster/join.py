@@ -123,23 +123,13 @@ class Joiner:
             node_rank = 0 if self.hosting else store.add("join-order", 1)
         if not 0 <= node_rank < cfg.nnodes or (cfg.elastic and store.has(["members"])):
             if cfg.elastic:  # the run goes on without it: it waits for the next round
-                raise LateForRound(run["run_id"], self.round, late_line(node_rank, cfg))
+                raise LateForRound(run["run_id"], self.round, late_line(cfg))
             self._refuse(store, f"node rank {node_rank} is outside --nnodes {cfg.nnodes} "
                          "(more nodes joined than the run has)")
         if run["version"] != cfg.version:  # before registering: node 0 never starts its ranks
             self._refuse(store, f"node {node_rank} runs forgelm-tui {cfg.version}, node 0 runs "
                          f"{run['version']}: every node must run the same version")
-        me = NodeInfo(node_rank, socket.gethostname(), os.getpid(), cfg.nproc, cfg.version,
-                      os.urandom(8).hex())
-        held = store.first(f"node/{node_rank}", asdict(me))
-        self.registered = held == asdict(me)
-        if not self.registered:
-            self._refuse(store, f"node rank {node_rank} joined twice: {held['host']} pid "
-                         f"{held['pid']} and {me.host} pid {me.pid}")
-        store.set(f"beat/{node_rank}", {"seq": 0, "phase": "joining"})
-        host = "127.0.0.1" if self.hosting else cfg.store_host  # once the node may run:
-        self.spares = [store.client(host, cfg.store_port, max(CONNECT_TRY, self._left()))
-                       for _ in range(SPARES)]  # a DNS stall is the join's time, not a refusal
+        self._register(store, node_rank, "joined")
         nodes = self._wait_for_all(store, node_rank, run["run_id"])
         if not cfg.elastic:
             self.node_id = node_rank  # its name for the whole run (the run dir's node-<id>)
@@ -150,6 +140,28 @@ class Joiner:
                           run.get("restarts_used", 0))
 
     # ------------------------------------------------------------------ steps
+
+    def _register(self, store: ControlStore, node_rank: int, joined: str) -> None:
+        """This node's record (a second one of its node rank is refused), its first heartbeat,
+        and the link's other connections, made now: a DNS stall is the join's time, not a
+        refusal, and none is made once the node may run."""
+        cfg = self.config
+        me = NodeInfo(node_rank, socket.gethostname(), os.getpid(), cfg.nproc, cfg.version,
+                      os.urandom(8).hex())
+        held = store.first(f"node/{node_rank}", asdict(me))
+        self.registered = held == asdict(me)
+        if not self.registered:
+            self._refuse(store, f"node rank {node_rank} {joined} twice: {held['host']} pid "
+                         f"{held['pid']} and {me.host} pid {me.pid}")
+        store.set(f"beat/{node_rank}", {"seq": 0, "phase": "joining"})
+        self.spares = [self._client(max(CONNECT_TRY, self._left())) for _ in range(SPARES)]
+
+    def _client(self, timeout: float) -> ControlStore:
+        """Another connection to the store, under the same prefix (node 0 reaches its own at
+        127.0.0.1)."""
+        assert self.store is not None
+        host = "127.0.0.1" if self.hosting else self.config.store_host
+        return self.store.client(host, self.config.store_port, timeout)
 
     def _open(self) -> ControlStore:
         cfg = self.config
@@ -231,7 +243,7 @@ class Joiner:
         while True:
             members = store.wait_get("members", MEMBERS_WAIT)
             if members is not None and node_rank >= len(members):  # no abort: it runs
-                raise LateForRound(run_id, self.round, late_line(node_rank, cfg, len(members)))
+                raise LateForRound(run_id, self.round, late_line(cfg, len(members)))
             if members is not None:
                 return tuple(NodeInfo(**v) for v in members)
             self._check_abort(store)

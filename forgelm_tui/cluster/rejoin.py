@@ -8,22 +8,17 @@ kind ``membership``: every node's ranks start again with it, not counted as a re
 
 from __future__ import annotations
 
-import os
-import socket
 import time
 from collections.abc import Callable
-from dataclasses import asdict
 from typing import Any
 
 from forgelm_tui.cluster.join import (
     CONNECT_TRY,
     MEMBERS_WAIT,
     POLL,
-    SPARES,
     Joiner,
     LateForRound,
     Membership,
-    NodeInfo,
     _free_port,
 )
 from forgelm_tui.cluster.store import ControlStore, StoreLost, StoreTimeout
@@ -54,10 +49,8 @@ class RoundJoiner(Joiner):
         assert self.store is not None
         if self.hosting and self.server is None:
             self.server = self.store  # the store's server lives in this object: kept
-        host = "127.0.0.1" if self.hosting else self.config.store_host
         self.deadline = self.clock() + self.config.join_timeout
-        self.store = self.store.client(host, self.config.store_port,
-                                       max(CONNECT_TRY, self._left()))
+        self.store = self._client(max(CONNECT_TRY, self._left()))
         try:
             membership = self._round(run_id, node_rank, attempt, restarts_used)
         except LateForRound as late:
@@ -112,16 +105,7 @@ class RoundJoiner(Joiner):
         run = store.get("run")
         if cfg.elastic:  # each round numbers its nodes again, in the order they join it
             node_rank = 0 if self.hosting else store.add("join-order", 1)
-        me = NodeInfo(node_rank, socket.gethostname(), os.getpid(), cfg.nproc, cfg.version,
-                      os.urandom(8).hex())
-        held = store.first(f"node/{node_rank}", asdict(me))
-        self.registered = held == asdict(me)
-        if not self.registered:
-            self._refuse(store, f"node rank {node_rank} joined restart {attempt} twice")
-        store.set(f"beat/{node_rank}", {"seq": 0, "phase": "joining"})
-        host = "127.0.0.1" if self.hosting else cfg.store_host
-        self.spares = [store.client(host, cfg.store_port, max(CONNECT_TRY, self._left()))
-                       for _ in range(SPARES)]
+        self._register(store, node_rank, f"joined restart {attempt}")
         self.round = attempt
         nodes = self._wait_for_all(store, node_rank, run_id)
         self._check_time("cancelled")  # a cancel as the members came: the others see abort
@@ -137,9 +121,8 @@ class RoundJoiner(Joiner):
         mine = {"message": message, "cancel": cancel}
         if self.store is None:
             return mine
-        host = "127.0.0.1" if self.hosting else self.config.store_host
         try:  # a connection of its own: the last attempt's link may still hold its own
-            store = self.store.client(host, self.config.store_port, self.config.call_wait)
+            store = self._client(self.config.call_wait)
             store.scoped(f"{run_id}/attempt-{attempt}")
             held = dict(store.first("abort", mine))
             self._seen_restart_abort(store)
@@ -161,10 +144,8 @@ class RoundJoiner(Joiner):
                       ) -> dict[str, Any] | None:
         """During the backoff: another node's cancel (its abort record), if one comes before
         ``until()``; on a connection of its own (the link's are closed by now)."""
-        assert self.store is not None
-        host = "127.0.0.1" if self.hosting else self.config.store_host
         try:
-            watcher = self.store.client(host, self.config.store_port, self.config.call_wait)
+            watcher = self._client(self.config.call_wait)
             watcher.scoped(f"{run_id}/attempt-{attempt}")
             while not until():
                 abort = watcher.wait_get("abort", MEMBERS_WAIT)

@@ -51,7 +51,7 @@ def close_round(store: ControlStore, config: ClusterConfig, clock: Callable[[], 
     return members
 
 
-def late_line(node_rank: int, config: ClusterConfig, members: int | None = None) -> str:
+def late_line(config: ClusterConfig, members: int | None = None) -> str:
     """What a node too late for the round under way says while it waits for the next."""
     closed = "" if members is None else f" with {members} node{'s' if members > 1 else ''}"
     return (f"the round under way closed{closed} before this node joined it (--nnodes "
