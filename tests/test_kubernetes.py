@@ -53,6 +53,34 @@ def test_two_pods_with_only_the_operators_variables_are_one_run_with_the_true_co
     no_orphans([int(r["pid"]) for r in envelope["ranks"] if r.get("pid")])
 
 
+@pytest.mark.parametrize("nnodes", ["1:2", "2"], ids=["min-max", "worker-replicas"])
+def test_two_pods_of_an_elastic_policy_are_one_run_with_the_true_code(tmp_path: Path,
+                                                                      nnodes: str) -> None:
+    """A PyTorchJob with an ``elasticPolicy`` (trainer v1.9, elastic.go): workers only, no
+    PET_NODE_RANK, MASTER_* or RANK; PET_RDZV_ENDPOINT is worker 0's service; PET_NNODES is
+    ``MIN:MAX`` or, without them, the worker replicas. Both pods are started at once with the
+    same variables, as the operator does: the one that binds the endpoint's port hosts (each
+    pod's run dir is its own volume)."""
+    port = free_port_pair()
+    env = {"PET_RDZV_ENDPOINT": f"127.0.0.1:{port}", "PET_RDZV_BACKEND": "c10d",
+           "PET_NNODES": nnodes, "PET_MAX_RESTARTS": "1", "PET_NPROC_PER_NODE": "2",
+           "PET_RDZV_ID": "job", "PYTHONUNBUFFERED": "0"}
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "forgelm_tui", "--no-tui", "--run-dir", str(tmp_path / f"pod{i}"),
+         "demo", "--steps", "3", "--exit-code", "4"], cwd=tmp_path, env=cli_env(env),
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True, preexec_fn=dies_with_the_test) for i in range(2)]
+    outputs = [p.communicate(timeout=90) for p in procs]
+    assert [p.returncode for p in procs] == [4, 4], outputs
+    envelopes = [json.loads(next((tmp_path / f"pod{i}").glob("node-*/envelope.json")).read_text())
+                 for i in range(2)]
+    assert sorted(e["node_rank"] for e in envelopes) == [0, 1]
+    for envelope in envelopes:
+        assert envelope["world_size"] == 4 and envelope["exit_code"] == 4
+        assert [r["rank"] for r in envelope["ranks"]] == [0, 1, 2, 3]
+    no_orphans([int(r["pid"]) for r in envelopes[0]["ranks"] if r.get("pid")])
+
+
 def test_a_master_whose_name_does_not_resolve_yet_is_waited_for_with_a_line(
         tmp_path: Path) -> None:
     """Pods start in any order: node 0's service name may not resolve yet. Retried until
