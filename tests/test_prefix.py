@@ -63,9 +63,11 @@ def test_a_script_named_torchrun_is_run_when_given_by_its_path(
     (["torchrun", "--nproc_per_node", "2", "--grace", "5", "x.py"],
      "--grace is forgelm-tui's own option: put it before 'torchrun'"),
     (["torchrun", "--no-tui", "x.py"], "--no-tui is forgelm-tui's own option"),
-    (["accelerate", "launch", "x.py"], "accelerate launch is not supported yet"),
-    (["python", "-m", "accelerate.commands.launch", "x.py"], "is not supported yet"),
-    (["deepspeed", "--num_gpus", "2", "x.py"], "deepspeed is not supported yet"),
+    (["accelerate", "launch", "--grace", "5", "x.py"], "--grace is forgelm-tui's own option: "
+     "put it before 'accelerate launch'"),
+    (["--no-python", "python", "-m", "accelerate.commands.launch", "x.py"],
+     "--no-python python -m accelerate.commands.launch: every rank would run"),
+    (["deepspeed", "--run-dir", "r", "x.py"], "--run-dir is forgelm-tui's own option"),
 ], ids=["no-python", "grace-after", "no-tui-after", "accelerate", "accelerate-module",
         "deepspeed"])
 def test_what_is_refused_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

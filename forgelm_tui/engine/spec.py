@@ -41,6 +41,11 @@ class LaunchSpec:
     restart_count: int = 0  # which attempt this is (0: the first launch)
     max_restarts: int = 0  # --max-restarts: how many restarts the run may make
     uncounted: int = 0  # attempts before this one that an elastic run's new node began
+    # Whose environment the ranks get (docs/launchers.md): torchrun's, deepspeed's launcher's
+    # (CROSS_RANK/CROSS_SIZE/LOCAL_SIZE, no LOCAL_WORLD_SIZE, GROUP_* nor TORCHELASTIC_*), or
+    # accelerate's one-process launcher's ("single": no rank variables at all).
+    env_style: str = "torchrun"
+    local_rank_at: int | None = None  # deepspeed: ``--local_rank=N`` goes in at this index
 
     def for_attempt(self, attempt: int, uncounted: int = 0) -> LaunchSpec:
         """The spec of restart ``attempt`` (1, 2...): the same ranks, their files in
@@ -72,8 +77,22 @@ class LaunchSpec:
         return self.run_dir / f"rank-{rank}.{stream}.log"
 
 
+def rank_argv(spec: LaunchSpec, local_rank: int) -> tuple[str, ...]:
+    """What this rank executes: ``argv``, with deepspeed's ``--local_rank=N`` after the
+    script where its launcher puts it."""
+    at = spec.local_rank_at
+    if at is None:
+        return spec.argv
+    return (*spec.argv[:at], f"--local_rank={local_rank}", *spec.argv[at:])
+
+
 def rank_env(spec: LaunchSpec, local_rank: int, base: Mapping[str, str]) -> dict[str, str]:
-    """The environment torchrun would give this rank, on top of ``base``."""
+    """The environment the launcher forgelm-tui stands in for would give this rank, on top
+    of ``base``: torchrun's unless ``env_style`` says otherwise."""
+    if spec.env_style == "deepspeed":
+        return _deepspeed_env(spec, local_rank, base)
+    if spec.env_style == "single":
+        return {**base, **spec.extra_env, "FORGELM_TUI_RUN_DIR": str(spec.run_dir)}
     rank = spec.global_rank(local_rank)
     env = {k: v for k, v in base.items() if k not in _TORCHRUN_CLEARED}
     env.update(spec.extra_env)
@@ -93,6 +112,8 @@ def rank_env(spec: LaunchSpec, local_rank: int, base: Mapping[str, str]) -> dict
             "TORCHELASTIC_RUN_ID": spec.run_id,
             "TORCHELASTIC_RESTART_COUNT": str(spec.restarts_used),
             "TORCHELASTIC_MAX_RESTARTS": str(spec.max_restarts),
+            # torchrun's --signals-to-handle, which it exports: forgelm-tui handles the same
+            "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
             "TORCHELASTIC_ERROR_FILE": str(spec.error_file(rank)),
             "FORGELM_TUI_RUN_DIR": str(spec.run_dir),
         }
@@ -103,3 +124,15 @@ def rank_env(spec: LaunchSpec, local_rank: int, base: Mapping[str, str]) -> dict
     if spec.unbuffered:
         env.setdefault("PYTHONUNBUFFERED", "1")
     return env
+
+
+def _deepspeed_env(spec: LaunchSpec, local_rank: int, base: Mapping[str, str]) -> dict[str, str]:
+    """deepspeed.launcher.launch's: the rank variables, the node's place among the nodes
+    (CROSS_*) and how many ranks it has (LOCAL_SIZE); the visible devices come in
+    ``extra_env`` (its accelerator's variable); Python runs with ``-u``, no variable."""
+    return {**base, **spec.extra_env,
+            "MASTER_ADDR": spec.master_addr, "MASTER_PORT": str(spec.master_port),
+            "WORLD_SIZE": str(spec.world_size), "CROSS_RANK": str(spec.node_rank),
+            "CROSS_SIZE": str(spec.nnodes), "LOCAL_SIZE": str(spec.nproc_per_node),
+            "RANK": str(spec.global_rank(local_rank)), "LOCAL_RANK": str(local_rank),
+            "FORGELM_TUI_RUN_DIR": str(spec.run_dir)}

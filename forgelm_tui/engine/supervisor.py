@@ -39,7 +39,7 @@ from forgelm_tui.engine.records import (
 from forgelm_tui.engine.sampler import GpuFold, Sample, SamplingLoop, apply_sample
 from forgelm_tui.engine.signal_inbox import Sender
 from forgelm_tui.engine.spawn import pipe_capacity
-from forgelm_tui.engine.spec import LaunchSpec, rank_env
+from forgelm_tui.engine.spec import LaunchSpec, rank_argv, rank_env
 from forgelm_tui.engine.stacks import StackCapture, find_py_spy
 from forgelm_tui.engine.timers import LoopTimers
 from forgelm_tui.signames import signal_name
@@ -186,10 +186,10 @@ class Supervisor:
         pipe_size = pipe_capacity(self.spec.nproc_per_node)
         for record in self.records.values():
             env = {**rank_env(self.spec, record.local_rank, self._base_env), **extra}
+            argv = rank_argv(self.spec, record.local_rank)
             try:
                 with self._drain.logs_for(record) as logs:  # open first: no rank without logs
-                    pid, pipes = self._processes.start(record, self.spec.argv, env,
-                                                       self.spec.cwd, pipe_size)
+                    pid, pipes = self._processes.start(record, argv, env, self.spec.cwd, pipe_size)
                 self._drain.attach(record, pipes, logs)
             except OSError as exc:
                 self.launch_error = f"cannot start rank {record.rank}: {exc.strerror or exc}"

@@ -10,6 +10,7 @@ import shutil
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from importlib.machinery import PathFinder
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ from forgelm_tui.plan.options import (
     split_argv,
 )
 from forgelm_tui.plan.requeue import requeue_count, requeue_dir, requeues_entry
+from forgelm_tui.plan.translated import Translated
 from forgelm_tui.private_files import make_private_dir
 from forgelm_tui.rank.collectives import COLLECTIVES_ENV
 from forgelm_tui.verdict import Contract
@@ -103,6 +105,8 @@ class Planner:
         self.extra_paths: list[Path] = []
         self.output_format = "text"
         self.from_env = pet.FromEnv({})
+        self.launcher = Translated("torchrun", [])  # the launcher's word, if any (prefix.py)
+        self.tail = 0  # the rank argv's words after the script: the program's own arguments
 
     # ------------------------------------------------------------- the happy path
 
@@ -142,6 +146,7 @@ class Planner:
         self.info.collective_trace = ns.collective_trace == "on" and self.info.mode != "program"
         master_addr, port = self._rendezvous(ns, cluster)
         assert self.run_dir is not None  # _where
+        launcher = self.launcher
         spec = LaunchSpec(
             argv=tuple(argv),
             run_id=self.run_id,
@@ -157,7 +162,9 @@ class Planner:
             forward_signals=parse_signals(ns.forward_signals),
             scheduler_reaches_ranks=scheduler_reaches_ranks(os.environ),
             cwd=self.cwd, max_restarts=self.info.max_restarts,
-            extra_env=collective_env() if self.info.collective_trace else {},
+            extra_env={**launcher.env,
+                       **(collective_env() if self.info.collective_trace else {})},
+            env_style=launcher.env_style, local_rank_at=self._local_rank_at(argv),
         )
         info = self.info
         info.spec, info.run_dir, info.grace = spec, str(self.run_dir), grace.grace
@@ -168,7 +175,7 @@ class Planner:
             forgelm_mode=info.mode == "forgelm",
             cluster=cluster,
             cluster_root=ns.run_dir.absolute() if cluster and ns.run_dir else None,
-            warnings=[grace.warning] if grace.warning else [],
+            warnings=[*launcher.notices, *([grace.warning] if grace.warning else [])],
             output_ranks=parse_local_ranks(ns.local_ranks_filter, nproc),
         )
 
@@ -181,7 +188,23 @@ class Planner:
             with contextlib.suppress(UsageError):  # the refusal's envelope where it was asked
                 self._where(parser.parse_args(options))
             raise
-        return (options, target) if launched is None else split_argv(launched, parser)
+        if launched is None:
+            return options, target
+        self.launcher = launched
+        return split_argv(launched.words, parser)
+
+    def _local_rank_at(self, argv: Sequence[str]) -> int | None:
+        """Where deepspeed's ``--local_rank=N`` goes: after the script, before its arguments
+        (ForgeLM's and the demo's parsers refuse it: withheld, with a line, docs/launchers.md)."""
+        if not self.launcher.local_rank_arg:
+            return None
+        if self.info.mode in ("forgelm", "demo"):
+            self.launcher.notices.append(
+                f"{self.launcher.launcher}: --local_rank=N is not passed to "
+                f"{'ForgeLM' if self.info.mode == 'forgelm' else 'the demo'} (its command line "
+                "refuses it; it reads LOCAL_RANK), as with --no_local_rank")
+            return None
+        return len(argv) - self.tail
 
     def _where(self, ns: argparse.Namespace) -> None:
         """Where the run's envelope goes and how it is printed, once its options parsed."""
@@ -267,15 +290,16 @@ class Planner:
             if head in FORGELM_MODULES:
                 return self._forgelm_argv(rest)
             top = head.split(".", 1)[0]
-            if not top or importlib.util.find_spec(top) is None:
+            if not top or (importlib.util.find_spec(top) is None and  # python -m: cwd too
+                           PathFinder.find_spec(top, [str(self.cwd)]) is None):
                 raise UsageError(f"-m {head}: no module named {top!r} in {sys.executable}")
-            self.info.mode = "module"
+            self.info.mode, self.tail = "module", len(rest)
             return [*python, "-m", head, *rest]
         if ns.no_python:
             if shutil.which(head) is None:
                 raise UsageError(f"--no-python {head}: no such program (not on PATH or not "
                                  "executable)")
-            self.info.mode = "program"
+            self.info.mode, self.tail = "program", len(rest)
             return [head, *rest]
         if head in FORGELM_MODULES and not Path(head).exists():
             return self._forgelm_argv(rest)
@@ -283,7 +307,7 @@ class Planner:
             raise UsageError(f"{head}: no such script")
         if not os.access(head, os.R_OK):
             raise UsageError(f"{head}: permission denied")
-        self.info.mode = "script"
+        self.info.mode, self.tail = "script", len(rest)
         return [*python, head, *rest]
 
     def _graceful(self, argv: list[str]) -> list[str]:

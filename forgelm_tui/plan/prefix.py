@@ -12,25 +12,24 @@ options go before the launcher's word, the launcher's options and the program af
 - ``--no-python`` before a launcher's word is refused (every rank would run a launcher of its
   own), as is one of forgelm-tui's own options after it (it would be the launcher's).
 - torchrun's arguments are forgelm-tui's torchrun-compatible options: ``forgelm-tui torchrun
-  ARGS`` plans as ``forgelm-tui ARGS``. ``accelerate launch`` and ``deepspeed`` are refused in
-  one line until they are supported (the rest of issue 26).
+  ARGS`` plans as ``forgelm-tui ARGS``. ``deepspeed`` and ``accelerate launch`` are read by
+  their own parsers and functions (plan/deepspeed_launch.py, plan/accelerate_launch.py) into
+  the same options plus what those launchers give their ranks (plan/translated.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 from collections.abc import Sequence
 
 from forgelm_tui.plan.options import UsageError
+from forgelm_tui.plan.translated import Translated
 
 _PYTHON = re.compile(r"python(3(\.\d+)?)?")
 OWN_GROUP = "forgelm-tui options"
-NOT_YET = {
-    "accelerate": "accelerate launch",
-    "deepspeed": "deepspeed",
-}
 
 
 def python_word(word: str) -> bool:
@@ -58,9 +57,9 @@ def launcher_of(args: Sequence[str]) -> tuple[str, int] | None:
 
 
 def unwrap(options: list[str], target: Sequence[str], no_python: bool,
-           parser: argparse.ArgumentParser) -> list[str] | None:
-    """forgelm-tui's arguments with the launcher's word taken out (torchrun's options are
-    its own), or None when the target names no launcher."""
+           parser: argparse.ArgumentParser) -> Translated | None:
+    """The launcher's command as forgelm-tui runs it (forgelm-tui's own options first), or
+    None when the target names no launcher."""
     found = launcher_of(target)
     if found is None:
         return None
@@ -69,13 +68,19 @@ def unwrap(options: list[str], target: Sequence[str], no_python: bool,
     if no_python:
         raise UsageError(f"--no-python {spelled}: every rank would run a launcher of its own; "
                          f"put forgelm-tui in front of it instead: forgelm-tui {spelled} ...")
-    if launcher in NOT_YET:
-        raise UsageError(f"forgelm-tui {spelled} ...: {NOT_YET[launcher]} is not supported "
-                         "yet; give its ranks and program with forgelm-tui's torchrun-"
-                         "compatible options (forgelm-tui --nproc-per-node N script.py ...)")
     rest = list(target[words:])
     _no_own_options(rest, parser, spelled)
-    return [*options, *rest]
+    if launcher == "deepspeed":
+        from forgelm_tui.plan import deepspeed_launch
+
+        translated = deepspeed_launch.translate(rest)
+    elif launcher == "accelerate":
+        from forgelm_tui.plan import accelerate_launch
+
+        translated = accelerate_launch.translate(rest)
+    else:
+        translated = Translated("torchrun", rest)
+    return dataclasses.replace(translated, words=[*options, *translated.words])
 
 
 def _no_own_options(rest: Sequence[str], parser: argparse.ArgumentParser, spelled: str) -> None:

@@ -1,0 +1,59 @@
+"""What a launcher's command becomes under forgelm-tui (plan/prefix.py): forgelm-tui's own
+torchrun-compatible words, and what the launcher would have given its ranks besides."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from forgelm_tui.plan.options import UsageError
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Translated:
+    """A launcher's command as forgelm-tui runs it (docs/launchers.md)."""
+
+    launcher: str  # deepspeed | accelerate launch
+    words: list[str]  # forgelm-tui options (torchrun's spellings), then the program and its args
+    env: dict[str, str] = field(default_factory=dict)  # what the launcher adds for every rank
+    env_style: str = "torchrun"  # LaunchSpec.env_style: torchrun | deepspeed | single
+    local_rank_arg: bool = False  # deepspeed's --local_rank=N after the script
+    notices: list[str] = field(default_factory=list)  # one line each, before the launch
+
+
+@contextlib.contextmanager
+def parser_errors(launcher: str) -> Iterator[None]:
+    """A launcher's own argparse parser refuses in one line (forgelm-tui's exit 1, an
+    envelope), never by printing its usage and exiting 2 itself."""
+    def error(self: argparse.ArgumentParser, message: str) -> None:
+        raise UsageError(f"{launcher}: {message}")
+
+    original = argparse.ArgumentParser.error
+    argparse.ArgumentParser.error = error  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        argparse.ArgumentParser.error = original  # type: ignore[method-assign]
+
+
+def launcher_call(launcher: str, call: Callable[[], T]) -> T:
+    """One of the launcher's own functions; what it raises for bad input is one line."""
+    try:
+        return call()
+    except UsageError:
+        raise
+    except (ValueError, AssertionError, RuntimeError, ConnectionError, KeyError,
+            TypeError, FileNotFoundError) as exc:
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UsageError(f"{launcher}: {message}") from None
+
+
+def missing(package: str, extra: str) -> UsageError:
+    return UsageError(f"{package} is not installed for {sys.executable}: "
+                      f"pip install '{extra}'")
