@@ -170,6 +170,8 @@ def test_deepspeed_a_failing_rank_stops_the_others_at_once_with_one_grace(
     envelope = json.loads((tmp_path / "run" / "envelope.json").read_text())
     assert envelope["stop"]["kind"] == "failure" and envelope["stop"]["grace_s"] == 7
     assert envelope["stop"]["reason"] == "rank 1 failed (exit 7)"
+    assert envelope["launcher"] == {"name": "deepspeed", "rank_env": "deepspeed",
+                                    "local_rank_arg": True}
     ranks = {r["rank"]: r for r in envelope["ranks"]}
     assert ranks[0]["exit_code"] == 143  # its own SIGTERM handler: the stop reached it
     assert [s["signal"] for s in ranks[0]["signals_sent"]] == ["SIGTERM"]

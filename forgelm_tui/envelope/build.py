@@ -30,9 +30,14 @@ def _launch(info: RunInfo) -> Json:
     """The launch's facts: the spec's once there is one; before, what the planner knew."""
     spec = info.spec
     if spec is None:
-        return {"rank_command": [], "world_size": 0, "nproc_per_node": 0, "nnodes": info.nnodes,
+        return {"rank_command": [], "launcher": None, "world_size": 0, "nproc_per_node": 0,
+                "nnodes": info.nnodes,
                 "node_rank": info.node_rank, "master_addr": None, "master_port": None}
-    return {"rank_command": redact_argv(spec.argv), "world_size": spec.world_size,
+    launcher = None if info.launcher is None else {
+        "name": info.launcher, "rank_env": spec.env_style,
+        "local_rank_arg": spec.local_rank_at is not None}
+    return {"rank_command": redact_argv(spec.argv), "launcher": launcher,
+            "world_size": spec.world_size,
             "nproc_per_node": spec.nproc_per_node, "nnodes": spec.nnodes,
             "node_rank": spec.node_rank, "master_addr": spec.master_addr,
             "master_port": spec.master_port}

@@ -101,9 +101,11 @@ def _torchrun(utils: Any, ns: argparse.Namespace, env: dict[str, str]) -> Transl
     torchrun = utils._filter_args(ns, parser, script)
     default, _ = parser.parse_known_args(script)
     words: list[str] = []
+    nodes = str(getattr(torchrun, "nnodes", "1")) != "1"
     for dest, flag in SHOWN.items():
         value = getattr(torchrun, dest, None)
-        if value is not None and str(value) != str(getattr(default, dest, None)):
+        if value is not None and (str(value) != str(getattr(default, dest, None)) or
+                                  (dest == "node_rank" and nodes)):
             words += [flag, str(value)]
     for dest, flag in FLAGS.items():
         if getattr(torchrun, dest, False):

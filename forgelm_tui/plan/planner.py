@@ -69,6 +69,7 @@ class RunInfo:
     restart_backoff: float = 1.0
     requeues: dict[str, Any] | None = None  # a requeued SLURM job's earlier runs (requeue.py)
     job_config: str | None = None
+    launcher: str | None = None  # the launcher's command forgelm-tui stands in for (prefix.py)
     last_exit_path: str | None = None
     envelope_paths: list[str] = field(default_factory=list)
 
@@ -190,7 +191,7 @@ class Planner:
             raise
         if launched is None:
             return options, target
-        self.launcher = launched
+        self.launcher, self.info.launcher = launched, launched.launcher
         return split_argv(launched.words, parser)
 
     def _local_rank_at(self, argv: Sequence[str]) -> int | None:
