@@ -248,3 +248,22 @@ def test_an_accelerate_not_tested_or_missing_names_the_extra(
     assert "pip install 'forgelm-tui[accelerate]'" in message
     assert (f"accelerate {version} is not a version forgelm-tui was tested with" in message
             if version else message.startswith("accelerate is not installed for "))
+
+
+@pytest.mark.parametrize(("words", "launcher"), [
+    (["accelerate", "launch"], "accelerate"), (["accelerate-launch"], "accelerate"),
+    (["python3", "-m", "accelerate.commands.launch"], "accelerate"),
+    (["deepspeed"], "deepspeed"), (["deepspeed.pt"], "deepspeed"), (["ds"], "deepspeed"),
+    (["python", "-m", "deepspeed.launcher.runner"], "deepspeed"),
+])
+def test_every_spelling_of_a_launcher_is_its_own(tmp_path: Path, words: list[str],
+                                                launcher: str) -> None:
+    """The launchers' console scripts (deepspeed installs deepspeed, deepspeed.pt and ds;
+    accelerate, accelerate launch and accelerate-launch) and their modules."""
+    from forgelm_tui.plan.prefix import launcher_of
+
+    assert launcher_of([*words, "train.py"]) == (launcher, len(words))
+    args = ["--num_processes", "1"] if launcher == "accelerate" else ["--num_gpus", "1"]
+    got = plan(tmp_path, *words, *args, "train.py")
+    assert got.info.launcher == ("accelerate launch" if launcher == "accelerate" else launcher)
+    assert got.spec.argv[-1] == "train.py" or got.spec.local_rank_at is not None

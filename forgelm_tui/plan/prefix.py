@@ -5,7 +5,9 @@ The user's documented command, unchanged, behind the word ``forgelm-tui``: forge
 options go before the launcher's word, the launcher's options and the program after it.
 
 - A launcher's word counts only as the first word after forgelm-tui's options, and only
-  spelled as a command: ``torchrun``; ``python -m torch.distributed.run`` where ``python`` is
+  spelled as a command: ``torchrun``, ``accelerate launch``, ``accelerate-launch``,
+  ``deepspeed`` (and its aliases ``deepspeed.pt``, ``ds``); ``python -m torch.distributed.run``
+  (``accelerate.commands.launch``, ``deepspeed.launcher.runner``) where ``python`` is
   ``python``, ``python3``, ``python3.N`` or an absolute path to such an interpreter. A script
   that happens to be named ``torchrun`` is given as a path (``./torchrun``): then it is a
   script, as any other.
@@ -30,6 +32,11 @@ from forgelm_tui.plan.translated import Translated
 
 _PYTHON = re.compile(r"python(3(\.\d+)?)?")
 OWN_GROUP = "forgelm-tui options"
+# the launchers' console scripts (deepspeed's aliases: deepspeed.pt, ds) and modules
+COMMANDS = {"torchrun": "torchrun", "accelerate-launch": "accelerate", "deepspeed": "deepspeed",
+            "deepspeed.pt": "deepspeed", "ds": "deepspeed"}
+MODULES = {"torch.distributed.run": "torchrun", "accelerate.commands.launch": "accelerate",
+           "deepspeed.launcher.runner": "deepspeed"}
 
 
 def python_word(word: str) -> bool:
@@ -43,16 +50,12 @@ def launcher_of(args: Sequence[str]) -> tuple[str, int] | None:
     if not args:
         return None
     head, rest = args[0], list(args[1:3])
-    if head == "torchrun":
-        return "torchrun", 1
     if head == "accelerate" and rest[:1] == ["launch"]:
         return "accelerate", 2
-    if head == "deepspeed":
-        return "deepspeed", 1
-    if python_word(head) and rest == ["-m", "torch.distributed.run"]:
-        return "torchrun", 3
-    if python_word(head) and rest == ["-m", "accelerate.commands.launch"]:
-        return "accelerate", 3
+    if head in COMMANDS:
+        return COMMANDS[head], 1
+    if python_word(head) and rest[:1] == ["-m"] and rest[1:] and rest[1] in MODULES:
+        return MODULES[rest[1]], 3
     return None
 
 
