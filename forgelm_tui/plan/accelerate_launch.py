@@ -31,7 +31,7 @@ from forgelm_tui.plan.translated import Translated, launcher_call, missing, pars
 
 NAME = "accelerate launch"
 EXTRA = "forgelm-tui[accelerate]"
-TESTED = ((1, 16), (1, 16))  # the minor versions whose private functions were tested
+TESTED = ((1, 10), (1, 16))  # the minor versions whose private functions were tested
 # torchrun's options accelerate sets that forgelm-tui spells the same way (plan/options.py)
 SHOWN = {"nnodes": "--nnodes", "nproc_per_node": "--nproc-per-node", "node_rank": "--node-rank",
          "master_addr": "--master-addr", "master_port": "--master-port",
