@@ -37,7 +37,7 @@ forms:
   forgelm-tui [options] train.py [args]                    a script, as torchrun runs it
   forgelm-tui [options] -m package.module [args]           a module, as torchrun -m
   forgelm-tui [options] --no-python program [args]         any executable
-  forgelm-tui [options] torchrun [torchrun args]           torchrun's command, unchanged
+  forgelm-tui [options] torchrun|deepspeed|accelerate launch ARGS   the launcher's command
   forgelm-tui demo [options] [demo options]                a small CPU DDP run (gloo)
 
 exit codes: the run's true code (ForgeLM's contract: 0 success, 1 config error, 2 training
