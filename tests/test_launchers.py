@@ -80,14 +80,28 @@ def test_deepspeed_devices_as_its_runner_chooses_them(
     assert spec.nproc_per_node == nproc and spec.extra_env["CUDA_VISIBLE_DEVICES"] == devices
 
 
+@pytest.mark.parametrize(("args", "devices"), [
+    ([], "2,3"), (["--include", "localhost:3"], "3"), (["--exclude", "localhost:0"], "1,2,3"),
+], ids=["alone", "include", "exclude"])
 def test_deepspeed_visible_devices_are_taken_as_its_runner_does(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], devices: str) -> None:
+    """4 GPUs, CUDA_VISIBLE_DEVICES=2,3 (a scheduler's share of the node): deepspeed's runner
+    counts the devices without the variable (it deletes it), then runs on the ones it named,
+    unless a filter was given. The count follows the variable, as CUDA's does."""
+    import os
+
     from deepspeed.accelerator import get_accelerator
 
-    monkeypatch.setattr(type(get_accelerator()), "device_count", lambda self: 4)
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,2")
-    spec = plan(tmp_path, "deepspeed", "train.py").spec
-    assert spec.nproc_per_node == 2 and spec.extra_env["CUDA_VISIBLE_DEVICES"] == "0,2"
+    def count(self: object) -> int:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        return 4 if visible is None else len(visible.split(","))
+
+    monkeypatch.setattr(type(get_accelerator()), "device_count", count)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    spec = plan(tmp_path, "deepspeed", *args, "train.py").spec
+    assert spec.extra_env["CUDA_VISIBLE_DEVICES"] == devices
+    assert spec.nproc_per_node == len(devices.split(","))
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "2,3"  # forgelm-tui's own, as it was
 
 
 @pytest.mark.parametrize(("args", "tail"), [
@@ -140,8 +154,11 @@ def test_deepspeed_no_ssh_is_a_node_of_a_multi_node_run(tmp_path: Path) -> None:
     (["--module", "--no_python", "x"], "--no_python and --module cannot be used together"),
     (["--num_nodes", "2", "train.py"], "--num_nodes 2 but no other nodes are given"),
     ([], "deepspeed: the following arguments are required: user_script"),
+    (["--no_ssh", "train.py"], "deepspeed --no_ssh: --node_rank must be 0..0 (got -1)"),
+    (["--hostfile", "/proc/self/mem", "train.py"], "deepspeed: "),
 ], ids=["pdsh", "no-master", "node-rank", "autotuning", "bind", "force-multi", "save-pid",
-        "dash-m", "bad-number", "module-no-python", "num-nodes", "no-script"])
+        "dash-m", "bad-number", "module-no-python", "num-nodes", "no-script", "no-ssh-alone",
+        "unreadable-hostfile"])
 def test_deepspeed_refusals_are_one_line(tmp_path: Path, args: list[str], words: str) -> None:
     (tmp_path / "hosts").write_text("worker-0 slots=2\nworker-1 slots=2\n")
     assert words in refusal(tmp_path, "deepspeed", *args)
@@ -267,3 +284,72 @@ def test_every_spelling_of_a_launcher_is_its_own(tmp_path: Path, words: list[str
     got = plan(tmp_path, *words, *args, "train.py")
     assert got.info.launcher == ("accelerate launch" if launcher == "accelerate" else launcher)
     assert got.spec.argv[-1] == "train.py" or got.spec.local_rank_at is not None
+
+
+@pytest.mark.parametrize("before", [["--nproc-per-node", "3"], ["--nnodes", "2"],
+                                    ["--master-addr=10.0.0.9"]], ids=["nproc", "nnodes", "addr"])
+@pytest.mark.parametrize("launcher", [["deepspeed"], ["accelerate", "launch"]])
+def test_torchrun_options_before_another_launcher_are_refused(
+        tmp_path: Path, before: list[str], launcher: list[str]) -> None:
+    """They would be lost: the launcher's own flags give the ranks and the rendezvous."""
+    spelled = " ".join(launcher)
+    assert f"{before[0].split('=')[0]} before {spelled!r}: {spelled}'s own flags give the " \
+        "ranks" in refusal(tmp_path, *before, *launcher, "train.py")
+
+
+def test_pet_variables_are_not_deepspeeds(tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PET_NNODES", "2")
+    monkeypatch.setenv("PET_MAX_RESTARTS", "3")
+    got = plan(tmp_path, "deepspeed", "--num_gpus", "1", "train.py")
+    assert got.cluster is None and got.info.max_restarts == 0
+
+
+def test_torchruns_role_names_the_ranks_role(tmp_path: Path) -> None:
+    for args in (["--role", "trainer", "train.py"], ["torchrun", "--role=trainer", "train.py"]):
+        assert rank_env(plan(tmp_path, *args).spec, 0, {})["ROLE_NAME"] == "trainer"
+    assert rank_env(plan(tmp_path, "train.py").spec, 0, {})["ROLE_NAME"] == "default"
+
+
+def test_accelerate_with_its_port_taken_runs_standalone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """accelerate's own fallback on one machine: torchrun's --standalone (a free port)."""
+    import accelerate.utils.launch as accelerate_utils
+
+    monkeypatch.setattr(accelerate_utils, "is_port_in_use", lambda port: True)
+    spec = plan(tmp_path, "accelerate", "launch", "--multi_gpu", "--num_processes", "2",
+                "train.py").spec
+    assert spec.nproc_per_node == 2 and spec.master_port != 29500
+
+
+@pytest.mark.parametrize(("config", "words"), [
+    ("a: [\n", "accelerate launch: "),
+    ("- one\n- two\n", "accelerate launch: AttributeError: "),
+    ("compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\ngpu_ids: 0\n"
+     "num_processes: 2\n", "accelerate launch: AttributeError: "),
+], ids=["bad-yaml", "a-list", "gpu-ids-number"])
+def test_accelerate_bad_config_files_are_one_line(tmp_path: Path, config: str,
+                                                  words: str) -> None:
+    (tmp_path / "acc.yaml").write_text(config)
+    assert words in refusal(tmp_path, "accelerate", "launch", "--config_file", "acc.yaml",
+                            "train.py")
+
+
+def test_accelerate_machines_without_the_main_ip_are_refused(tmp_path: Path) -> None:
+    assert "--num_machines 2: give --main_process_ip" in refusal(
+        tmp_path, *ACCELERATE, "--multi_gpu", "--num_processes", "4", "--num_machines", "2",
+        "--machine_rank", "1", "train.py")
+
+
+def test_accelerate_deepspeed_nossh_is_deepspeeds_no_ssh_node(tmp_path: Path) -> None:
+    """deepspeed_multinode_launcher nossh: accelerate runs DeepSpeed's --no_ssh form on each
+    machine, with its environment: a node of a forgelm-tui run, deepspeed's rank environment,
+    accelerate's variables."""
+    (tmp_path / "hosts").write_text("m0 slots=2\nm1 slots=2\n")
+    got = plan(tmp_path, *ACCELERATE, "--use_deepspeed", "--num_processes", "4",
+               "--num_machines", "2", "--machine_rank", "1", "--main_process_ip", "10.0.0.1",
+               "--deepspeed_multinode_launcher", "nossh", "--deepspeed_hostfile", "hosts",
+               "train.py")
+    assert got.cluster is not None and (got.cluster.nnodes, got.cluster.node_rank) == (2, 1)
+    assert got.spec.env_style == "deepspeed" and got.info.launcher == "accelerate launch"
+    assert got.spec.extra_env["ACCELERATE_USE_DEEPSPEED"] == "true"

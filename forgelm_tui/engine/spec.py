@@ -46,6 +46,7 @@ class LaunchSpec:
     # accelerate's one-process launcher's ("single": no rank variables at all).
     env_style: str = "torchrun"
     local_rank_at: int | None = None  # deepspeed: ``--local_rank=N`` goes in at this index
+    role: str = "default"  # torchrun's --role: ROLE_NAME
 
     def for_attempt(self, attempt: int, uncounted: int = 0) -> LaunchSpec:
         """The spec of restart ``attempt`` (1, 2...): the same ranks, their files in
@@ -105,7 +106,7 @@ def rank_env(spec: LaunchSpec, local_rank: int, base: Mapping[str, str]) -> dict
             "GROUP_RANK": str(spec.node_rank),
             "GROUP_WORLD_SIZE": str(spec.nnodes),
             "ROLE_RANK": str(rank),
-            "ROLE_NAME": "default",
+            "ROLE_NAME": spec.role,
             "ROLE_WORLD_SIZE": str(spec.world_size),
             "MASTER_ADDR": spec.master_addr,
             "MASTER_PORT": str(spec.master_port),

@@ -21,6 +21,7 @@ launchers, start machines or processes forgelm-tui does not: refused with the fo
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 from collections.abc import Sequence
 from importlib import metadata
@@ -41,6 +42,8 @@ SHOWN = {"nnodes": "--nnodes", "nproc_per_node": "--nproc-per-node", "node_rank"
          "role": "--role", "log_dir": "--log-dir", "redirects": "--redirects", "tee": "--tee",
          "local_ranks_filter": "--local-ranks-filter"}
 FLAGS = {"standalone": "--standalone", "run_path": "--run-path"}
+# what torchrun's --standalone replaces (accelerate sets it when its port is taken on one node)
+STANDALONE_SETS = ("master_addr", "master_port", "rdzv_backend", "rdzv_endpoint", "rdzv_id")
 MULTI_NODE = ("start forgelm-tui on every node instead, with deepspeed_multinode_launcher: "
               "standard (or --num_machines/--machine_rank/--main_process_ip), e.g. under srun "
               "(docs/launchers.md)")
@@ -83,11 +86,19 @@ def _deepspeed(acc: Any, utils: Any, ns: argparse.Namespace, defaults: Any,
         fields.append("mixed_precision")
     ns.deepspeed_fields_from_accelerate_config = ",".join(fields)
     multinode = ns.deepspeed_multinode_launcher or "pdsh"
-    if ns.num_machines > 1 and multinode != "standard":
+    if ns.num_machines > 1 and multinode not in ("standard", "nossh"):
         raise UsageError(f"forgelm-tui {NAME}: DeepSpeed's {multinode} multi-node launcher "
                          f"starts the other machines itself; {MULTI_NODE}")
-    _, env = launcher_call(NAME, lambda: utils.prepare_deepspeed_cmd_env(ns))
-    return _torchrun(utils, ns, _p2p(utils, env))
+    cmd, env = launcher_call(NAME, lambda: utils.prepare_deepspeed_cmd_env(ns))
+    if cmd is None:
+        return _torchrun(utils, ns, _p2p(utils, env))
+    # nossh: accelerate runs `deepspeed --hostfile H --node_rank R --no_ssh ...` on each
+    # machine with its environment; that command is read as forgelm-tui deepspeed reads it
+    from forgelm_tui.plan import deepspeed_launch
+
+    ranks = deepspeed_launch.translate(cmd[1:])
+    return dataclasses.replace(ranks, launcher=NAME, env={**_added(_p2p(utils, env)),
+                                                          **ranks.env})
 
 
 def _torchrun(utils: Any, ns: argparse.Namespace, env: dict[str, str]) -> Translated:
@@ -101,9 +112,14 @@ def _torchrun(utils: Any, ns: argparse.Namespace, env: dict[str, str]) -> Transl
     torchrun = utils._filter_args(ns, parser, script)
     default, _ = parser.parse_known_args(script)
     words: list[str] = []
-    nodes = str(getattr(torchrun, "nnodes", "1")) != "1"
+    nodes = str(getattr(torchrun, "nnodes", "1")) not in ("1", "1:1")
+    if nodes and "None" in (str(torchrun.master_addr), str(torchrun.rdzv_endpoint)[:4]):
+        raise UsageError(f"{NAME} --num_machines {torchrun.nnodes}: give --main_process_ip "
+                         "(the main machine's address)")
     for dest, flag in SHOWN.items():
         value = getattr(torchrun, dest, None)
+        if torchrun.standalone and dest in STANDALONE_SETS:
+            continue  # torchrun's --standalone: a free port on localhost, whatever was given
         if value is not None and (str(value) != str(getattr(default, dest, None)) or
                                   (dest == "node_rank" and nodes)):
             words += [flag, str(value)]

@@ -86,7 +86,7 @@ def _resources(runner: Any, ns: argparse.Namespace) -> tuple[dict[str, list[int]
         raise UsageError(f"{NAME}: cannot specify --num_nodes/--num_gpus with "
                          "--include/--exclude")
     if not pool:
-        count = accelerator.device_count()
+        count = _device_count(accelerator, visible_var, visible)
         if count == 0:
             raise UsageError(f"{NAME}: no GPU resources available")
         pool = collections.OrderedDict(localhost=count)
@@ -99,18 +99,30 @@ def _resources(runner: Any, ns: argparse.Namespace) -> tuple[dict[str, list[int]
     active = runner.apply_num_nodes_and_gpus(active, ns.num_nodes, ns.num_gpus)
     if not active:
         raise UsageError(f"{NAME}: no nodes left to run on")
+    if ns.no_ssh and not 0 <= ns.node_rank < len(active):
+        raise UsageError(f"{NAME} --no_ssh: --node_rank must be 0..{len(active) - 1} "
+                         f"(got {ns.node_rank})")
     if len(active) == 1:
         return dict(active), 0, ns.master_addr or "127.0.0.1"
     if not ns.no_ssh:
         raise UsageError(f"forgelm-tui {NAME} with {len(active)} hosts in {ns.hostfile}: "
                          f"DeepSpeed's {ns.launcher} runner would start them; {MULTI_NODE}")
-    if not 0 <= ns.node_rank < len(active):
-        raise UsageError(f"{NAME} --no_ssh: --node_rank must be 0..{len(active) - 1} "
-                         f"(got {ns.node_rank})")
     if not ns.master_addr:
         raise UsageError(f"{NAME} --no_ssh: give --master_addr (node 0's address; deepspeed "
                          "would ask it over ssh)")
     return dict(active), ns.node_rank, ns.master_addr
+
+
+def _device_count(accelerator: Any, visible_var: str, visible: str) -> int:
+    """The accelerator's devices as DeepSpeed's runner counts them: with the visible-devices
+    variable removed first (it deletes it; the devices it named are then ``--include``d)."""
+    if not visible:
+        return int(accelerator.device_count())
+    del os.environ[visible_var]
+    try:
+        return int(accelerator.device_count())
+    finally:
+        os.environ[visible_var] = visible
 
 
 def _visible_devices(devices: list[int]) -> dict[str, str]:

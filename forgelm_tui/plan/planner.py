@@ -127,7 +127,8 @@ class Planner:
             options = options + target.args[1:]
         self._lenient(options)
         ns = parser.parse_args(options)
-        self.from_env = pet.apply(ns, options, parser, os.environ)  # torchrun's PET_<DEST>
+        if self.launcher.launcher != "deepspeed":  # torchrun's PET_<DEST>; not deepspeed's
+            self.from_env = pet.apply(ns, options, parser, os.environ)
         self.ns = ns
         self._where(ns)
         self._check_options(ns)
@@ -166,6 +167,7 @@ class Planner:
             extra_env={**launcher.env,
                        **(collective_env() if self.info.collective_trace else {})},
             env_style=launcher.env_style, local_rank_at=self._local_rank_at(argv),
+            role=ns.ignored_role or "default",
         )
         info = self.info
         info.spec, info.run_dir, info.grace = spec, str(self.run_dir), grace.grace

@@ -73,6 +73,8 @@ def unwrap(options: list[str], target: Sequence[str], no_python: bool,
                          f"put forgelm-tui in front of it instead: forgelm-tui {spelled} ...")
     rest = list(target[words:])
     _no_own_options(rest, parser, spelled)
+    if launcher != "torchrun":
+        _own_options_only(options, parser, spelled)
     if launcher == "deepspeed":
         from forgelm_tui.plan import deepspeed_launch
 
@@ -86,10 +88,26 @@ def unwrap(options: list[str], target: Sequence[str], no_python: bool,
     return dataclasses.replace(translated, words=[*options, *translated.words])
 
 
+def _own_options_only(options: Sequence[str], parser: argparse.ArgumentParser,
+                      spelled: str) -> None:
+    """Before deepspeed or accelerate launch, forgelm-tui's own options only: the launcher's
+    flags give the ranks and the rendezvous (a torchrun option there would be lost)."""
+    own = _own(parser)
+    for option in options:
+        name = option.split("=", 1)[0]
+        if name.startswith("-") and name not in own:
+            raise UsageError(f"{name} before {spelled!r}: {spelled}'s own flags give the ranks "
+                             "and the rendezvous; only forgelm-tui's own options go before it")
+
+
+def _own(parser: argparse.ArgumentParser) -> set[str]:
+    return {s for group in parser._action_groups if group.title == OWN_GROUP
+            for action in group._group_actions for s in action.option_strings}
+
+
 def _no_own_options(rest: Sequence[str], parser: argparse.ArgumentParser, spelled: str) -> None:
     """Up to the program (the first word that is no option nor an option's value)."""
-    own = {s for group in parser._action_groups if group.title == OWN_GROUP
-           for action in group._group_actions for s in action.option_strings}
+    own = _own(parser)
     takes_value = {s: a.nargs != 0 for a in parser._actions for s in a.option_strings}
     index = 0
     while index < len(rest) and rest[index].startswith("-") and rest[index] != "--":

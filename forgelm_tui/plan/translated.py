@@ -48,9 +48,12 @@ def launcher_call(launcher: str, call: Callable[[], T]) -> T:
         return call()
     except UsageError:
         raise
-    except (ValueError, AssertionError, RuntimeError, ConnectionError, KeyError,
-            TypeError, FileNotFoundError) as exc:
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    except Exception as exc:  # its validation's refusals: a bad config file (YAML, a wrong
+        # type), an unreadable hostfile, an assertion; whatever they are, one line
+        text = str(exc).strip()
+        message = text.splitlines()[0] if text else type(exc).__name__
+        if not isinstance(exc, (ValueError, AssertionError, RuntimeError)):
+            message = f"{type(exc).__name__}: {message}"
         raise UsageError(f"{launcher}: {message}") from None
 
 
