@@ -205,3 +205,20 @@ def _environ_has(pid: int, entry: str) -> bool:
         return entry.encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     except OSError:
         return False
+
+
+@pytest.mark.parametrize("words", [["deepspeed", "--num_gpus", "1"],
+                                   ["accelerate", "launch", "--use_deepspeed",
+                                    "--num_processes", "1"]], ids=["deepspeed", "accelerate"])
+def test_json_output_is_the_envelope_alone_whatever_the_launcher_logs(
+        tmp_path: Path, words: list[str]) -> None:
+    """deepspeed's logger writes to stdout (importing it, finding no hostfile): with
+    --output-format json stdout is the envelope only; the launcher's lines go to stderr."""
+    proc = subprocess.run(forgelm_tui(tmp_path, "--output-format", "json", *words, DUMP),
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env=cli_env({"DUMP_DIR": str(tmp_path), "HF_HOME": str(tmp_path),
+                                       "ACCELERATE_USE_CPU": "true"}))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    envelope = json.loads(proc.stdout)
+    assert envelope == json.loads((tmp_path / "run" / "envelope.json").read_text())
+    assert envelope["launcher"]["name"] == " ".join(words[:2 if words[0] == "accelerate" else 1])

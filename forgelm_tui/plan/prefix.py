@@ -22,9 +22,11 @@ options go before the launcher's word, the launcher's options and the program af
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import re
+import sys
 from collections.abc import Sequence
 
 from forgelm_tui.plan.options import UsageError
@@ -75,17 +77,23 @@ def unwrap(options: list[str], target: Sequence[str], no_python: bool,
     _no_own_options(rest, parser, spelled)
     if launcher != "torchrun":
         _own_options_only(options, parser, spelled)
+    if launcher == "torchrun":
+        translated = Translated("torchrun", rest)
+    else:  # the launcher's own logging (deepspeed's logger writes to stdout) goes to stderr:
+        # stdout is the envelope's with --output-format json
+        with contextlib.redirect_stdout(sys.stderr):
+            translated = _translate(launcher, rest)
+    return dataclasses.replace(translated, words=[*options, *translated.words])
+
+
+def _translate(launcher: str, rest: list[str]) -> Translated:
     if launcher == "deepspeed":
         from forgelm_tui.plan import deepspeed_launch
 
-        translated = deepspeed_launch.translate(rest)
-    elif launcher == "accelerate":
-        from forgelm_tui.plan import accelerate_launch
+        return deepspeed_launch.translate(rest)
+    from forgelm_tui.plan import accelerate_launch
 
-        translated = accelerate_launch.translate(rest)
-    else:
-        translated = Translated("torchrun", rest)
-    return dataclasses.replace(translated, words=[*options, *translated.words])
+    return accelerate_launch.translate(rest)
 
 
 def _own_options_only(options: Sequence[str], parser: argparse.ArgumentParser,
