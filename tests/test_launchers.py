@@ -353,3 +353,10 @@ def test_accelerate_deepspeed_nossh_is_deepspeeds_no_ssh_node(tmp_path: Path) ->
     assert got.cluster is not None and (got.cluster.nnodes, got.cluster.node_rank) == (2, 1)
     assert got.spec.env_style == "deepspeed" and got.info.launcher == "accelerate launch"
     assert got.spec.extra_env["ACCELERATE_USE_DEEPSPEED"] == "true"
+
+
+def test_pet_role_names_the_role_and_the_flag_wins(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PET_ROLE", "worker")
+    assert rank_env(plan(tmp_path, "train.py").spec, 0, {})["ROLE_NAME"] == "worker"
+    assert rank_env(plan(tmp_path, "--role", "x", "train.py").spec, 0, {})["ROLE_NAME"] == "x"

@@ -101,8 +101,7 @@ def _add_launch_options(parser: argparse.ArgumentParser) -> None:
     tr.add_argument("--master-addr", "--master_addr", dest="master_addr", default=None,
                     help="node 0's address (default 127.0.0.1 on one node)")
     tr.add_argument("--master-port", "--master_port", dest="master_port",
-                    help="rank 0's rendezvous port (default: a free port on one node); the "
-                         "control store listens on the next port")
+                    help="rank 0's port (default: a free one on one node); control: the next")
     _add_rendezvous_options(tr)
     tr.add_argument("--standalone", action="store_true", help="single node, free port")
     tr.add_argument("--run-path", "--run_path", dest="run_path", action="store_true",
@@ -113,8 +112,8 @@ def _add_launch_options(parser: argparse.ArgumentParser) -> None:
     tr.add_argument("--max-restarts", "--max_restarts", dest="max_restarts", default="0",
                     metavar="N", help="restart every node's ranks up to N times after a "
                     "crash, an outside signal or a stall (never 1, 3-6, a cancel; 0)")
-    for spelling in ("log-dir", "start-method", "role", "monitor-interval", "local-addr",
-                     "logs-specs"):
+    tr.add_argument("--role", default="default", help="the ranks' ROLE_NAME (torchrun's)")
+    for spelling in ("log-dir", "start-method", "monitor-interval", "local-addr", "logs-specs"):
         tr.add_argument(f"--{spelling}", f"--{spelling.replace('-', '_')}",
                         dest=f"ignored_{spelling.replace('-', '_')}", help=argparse.SUPPRESS)
     tr.add_argument("--local-ranks-filter", "--local_ranks_filter", dest="local_ranks_filter",

@@ -32,7 +32,7 @@ VALUES = {
     "max_restarts": ("--max-restarts", "max_restarts"),
     "monitor_interval": ("--monitor-interval", "ignored_monitor_interval"),
     "start_method": ("--start-method", "ignored_start_method"),
-    "role": ("--role", "ignored_role"),
+    "role": ("--role", "role"),
     "log_dir": ("--log-dir", "ignored_log_dir"),
     "redirects": ("--redirects", "ignored_redirects"),
     "tee": ("--tee", "ignored_tee"),

@@ -163,7 +163,7 @@ class Planner:
             stall_timeout=ns.stall_timeout,
             forward_signals=parse_signals(ns.forward_signals),
             scheduler_reaches_ranks=scheduler_reaches_ranks(os.environ),
-            cwd=self.cwd, max_restarts=self.info.max_restarts, role=ns.ignored_role or "default",
+            cwd=self.cwd, max_restarts=self.info.max_restarts, role=ns.role,
             extra_env={**launcher.env,
                        **(collective_env() if self.info.collective_trace else {})},
             env_style=launcher.env_style, local_rank_at=self._local_rank_at(argv),
