@@ -360,3 +360,22 @@ def test_pet_role_names_the_role_and_the_flag_wins(tmp_path: Path,
     monkeypatch.setenv("PET_ROLE", "worker")
     assert rank_env(plan(tmp_path, "train.py").spec, 0, {})["ROLE_NAME"] == "worker"
     assert rank_env(plan(tmp_path, "--role", "x", "train.py").spec, 0, {})["ROLE_NAME"] == "x"
+
+
+@pytest.mark.parametrize("launcher", [["deepspeed", "--num_gpus", "2"],
+                                      ["accelerate", "launch", "--multi_gpu", "--num_processes",
+                                       "2"], ["accelerate", "launch", "--cpu"]],
+                         ids=["deepspeed", "accelerate", "accelerate-one-process"])
+def test_a_one_machine_launcher_in_a_multi_node_srun_step_stays_one_machine_and_says_so(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, launcher: list[str]) -> None:
+    """Under srun on 2 nodes, ``accelerate launch --multi_gpu ...`` (or deepspeed without a
+    hostfile) runs a job of its own on each node; forgelm-tui alone would make the step one
+    run. The launcher's meaning wins, and one line says how to make one job."""
+    for name, value in {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_PROCID": "1",
+                        "SLURM_NODEID": "1", "SLURM_NNODES": "2", "SLURM_STEP_NUM_NODES": "2",
+                        "SLURM_NTASKS": "2", "SLURM_STEP_NODELIST": "n[1-2]"}.items():
+        monkeypatch.setenv(name, value)
+    got = plan(tmp_path, "--grace", "5", *launcher, "train.py")
+    assert got.cluster is None
+    assert any("on one machine in a 2-node SLURM step: each node runs a job of its own" in w
+               for w in got.warnings), got.warnings

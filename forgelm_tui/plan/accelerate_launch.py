@@ -28,7 +28,13 @@ from importlib import metadata
 from typing import Any
 
 from forgelm_tui.plan.options import UsageError
-from forgelm_tui.plan.translated import Translated, launcher_call, missing, parser_errors
+from forgelm_tui.plan.translated import (
+    Translated,
+    launcher_call,
+    missing,
+    one_node,
+    parser_errors,
+)
 
 NAME = "accelerate launch"
 EXTRA = "forgelm-tui[accelerate]"
@@ -44,6 +50,7 @@ SHOWN = {"nnodes": "--nnodes", "nproc_per_node": "--nproc-per-node", "node_rank"
 FLAGS = {"standalone": "--standalone", "run_path": "--run-path"}
 # what torchrun's --standalone replaces (accelerate sets it when its port is taken on one node)
 STANDALONE_SETS = ("master_addr", "master_port", "rdzv_backend", "rdzv_endpoint", "rdzv_id")
+HOW = "--num_machines, --machine_rank and --main_process_ip (docs/launchers.md)"
 MULTI_NODE = ("start forgelm-tui on every node instead, with deepspeed_multinode_launcher: "
               "standard (or --num_machines/--machine_rank/--main_process_ip), e.g. under srun "
               "(docs/launchers.md)")
@@ -68,9 +75,9 @@ def translate(args: Sequence[str]) -> Translated:
         raise UsageError(f"forgelm-tui {NAME} --mpirun_hostfile: mpirun starts the processes; "
                          f"{MULTI_NODE}")
     _, env = launcher_call(NAME, lambda: utils.prepare_simple_launcher_cmd_env(ns))
-    words = ["--nproc-per-node", "1", *_program_flags(ns), ns.training_script,
-             *ns.training_script_args]
-    return Translated(NAME, words, env=_added(env), env_style="single")
+    words, notices = one_node(NAME, ["--nproc-per-node", "1", *_program_flags(ns),
+                                     ns.training_script, *ns.training_script_args], HOW)
+    return Translated(NAME, words, env=_added(env), env_style="single", notices=notices)
 
 
 def _deepspeed(acc: Any, utils: Any, ns: argparse.Namespace, defaults: Any,
@@ -126,9 +133,9 @@ def _torchrun(utils: Any, ns: argparse.Namespace, env: dict[str, str]) -> Transl
     for dest, flag in FLAGS.items():
         if getattr(torchrun, dest, False):
             words.append(flag)
-    words += _program_flags(ns)
-    return Translated(NAME, [*words, ns.training_script, *ns.training_script_args],
-                      env=_added(env))
+    words = [*words, *_program_flags(ns), ns.training_script, *ns.training_script_args]
+    words, notices = (words, []) if nodes else one_node(NAME, words, HOW)
+    return Translated(NAME, words, env=_added(env), notices=notices)
 
 
 def _program_flags(ns: argparse.Namespace) -> list[str]:

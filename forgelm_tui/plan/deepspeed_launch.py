@@ -23,7 +23,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from forgelm_tui.plan.options import UsageError
-from forgelm_tui.plan.translated import Translated, launcher_call, missing, parser_errors
+from forgelm_tui.plan.translated import (
+    Translated,
+    launcher_call,
+    missing,
+    one_node,
+    parser_errors,
+)
 
 NAME = "deepspeed"
 # Flags of DeepSpeed's launcher that change what runs, which forgelm-tui does not do.
@@ -60,10 +66,13 @@ def translate(args: Sequence[str]) -> Translated:
                          f"({ {h: len(s) for h, s in nodes.items()} })")
     words = ["--nproc-per-node", str(len(devices)), "--master-addr", master_addr,
              "--master-port", str(ns.master_port)]
+    notices: list[str] = []
     if len(nodes) > 1:
         words += ["--nnodes", str(len(nodes)), "--node-rank", str(node_rank)]
+    else:
+        words, notices = one_node(NAME, words, "--hostfile, --no_ssh, --node_rank "
+                                  "$SLURM_NODEID and --master_addr (docs/launchers.md)")
     words += ["-m"] if ns.module else ["--no-python"] if ns.no_python else []
-    notices = []
     if ns.enable_each_rank_log not in (None, "None"):
         notices.append(f"{NAME} --enable_each_rank_log {ns.enable_each_rank_log}: each rank's "
                        "output is in forgelm-tui's run dir (rank-N.stdout.log) instead")

@@ -57,6 +57,22 @@ def launcher_call(launcher: str, call: Callable[[], T]) -> T:
         raise UsageError(f"{launcher}: {message}") from None
 
 
+def one_node(launcher: str, words: list[str], how: str) -> tuple[list[str], list[str]]:
+    """A one-machine command stays one machine, as under its launcher, even inside a
+    multi-node srun step (forgelm-tui alone would make the step's nodes one run): the words
+    say ``--nnodes 1``, and a line says what the step's other nodes do (``how``: the
+    launcher's own multi-node form)."""
+    import os
+
+    nodes = os.environ.get("SLURM_STEP_NUM_NODES") or os.environ.get("SLURM_NNODES") or "1"
+    notices = []
+    if "SLURM_STEP_ID" in os.environ and nodes.isdigit() and int(nodes) > 1:
+        notices.append(f"{launcher} on one machine in a {nodes}-node SLURM step: each node runs "
+                       f"a job of its own, as under {launcher}; for one job across the nodes "
+                       f"give {how}")
+    return ["--nnodes", "1", *words], notices
+
+
 def missing(package: str, extra: str) -> UsageError:
     return UsageError(f"{package} is not installed for {sys.executable}: "
                       f"pip install '{extra}'")
