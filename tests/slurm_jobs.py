@@ -45,6 +45,7 @@ class Scenario:
     # The batch script requeues its own job once rank 3 trains (scontrol requeue, as a
     # preemption with PreemptMode=REQUEUE would); the requeued run trains 5 steps and ends.
     requeue_self: bool = False
+    script: str | None = None  # the whole batch script instead (its own srun lines)
 
 
 def forgelm_job(root: Path) -> tuple[Path, dict[str, str]]:
@@ -90,7 +91,36 @@ def scenarios(marks: Callable[[str], Path], root: Path) -> list[Scenario]:
         Scenario("network_cut", ["--node-timeout", str(NODE_TIMEOUT), "--grace", "3", *loop,
                                  str(marks("network_cut"))]),
         Scenario("requeue", demo, ["--requeue"], requeue_self=True),
+        # the launchers' own multi-node forms under srun (docs/launchers.md): last, it waits
+        # for a CPU of the first job to end
+        Scenario("launchers", [], env={"DUMP_EXIT": "0=4", "ACCELERATE_USE_CPU": "true",
+                                        "HF_HOME": str(root / "launchers" / "hf")},
+                 script=launchers_script(root / "launchers")),
     ]
+
+
+def launchers_script(job_dir: Path) -> str:
+    """Two steps, one forgelm-tui per node each: ``deepspeed --hostfile H --no_ssh --node_rank
+    $SLURM_NODEID --master_addr NODE0`` and ``accelerate launch --num_machines 2 --machine_rank
+    $SLURM_NODEID --main_process_ip NODE0``; rank 0 exits 4 (tests/ranks/dump_env.py)."""
+    head = [sys.executable, "-m", "forgelm_tui", "--no-tui", "--join-timeout", "180"]
+    steps = {
+        "deepspeed": ["deepspeed", "--hostfile", "hosts", "--no_ssh", "--node_rank",
+                      "$SLURM_NODEID", "--master_addr", "$M", "--master_port", "29611"],
+        "accelerate": ["accelerate", "launch", "--multi_gpu", "--num_processes", "4",
+                       "--num_machines", "2", "--machine_rank", "$SLURM_NODEID",
+                       "--main_process_ip", "$M", "--main_process_port", "29621"]}
+    lines = ["trap '' TERM", 'M=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -1)',
+             'for n in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do echo "$n slots=2"; '
+             "done > hosts"]
+    for name, words in steps.items():
+        dump = job_dir / f"dump-{name}"
+        command = " ".join([*map(shlex.quote, head), "--run-dir",
+                            shlex.quote(str(job_dir / f"run-{name}")), *words,
+                            shlex.quote(rank_script("dump_env.py"))])
+        lines.append(f"mkdir -p {shlex.quote(str(dump))}; export M; srun --ntasks-per-node=1 "
+                     f"bash -c {shlex.quote(f'DUMP_DIR={dump} exec {command}')}")
+    return "\n".join(lines)
 
 
 def cluster_env() -> dict[str, str]:
@@ -210,6 +240,8 @@ def submit(scenario: Scenario, root: Path, env: dict[str, str]) -> Job:
     # The batch shell ignores SLURM's SIGTERM: dying of it, it would take srun with it, and the
     # step would be SIGKILLed a few seconds later instead of KillWait (docs/schedulers.md).
     wrap = "trap '' TERM; srun --ntasks-per-node=1 " + shlex.join(command)
+    if scenario.script is not None:
+        wrap = scenario.script
     if scenario.requeue_self:
         log = shlex.quote(str(job_dir / "run" / "node-1" / "rank-3.stdout.log"))
         wrap = (f"trap '' TERM; if [ \"${{SLURM_RESTART_COUNT:-0}}\" = 0 ]; then srun "

@@ -274,3 +274,26 @@ def test_a_requeued_job_keeps_each_runs_files_and_lists_the_earlier_run(
         for rank in (2 * node, 2 * node + 1):  # the first run's logs, not overwritten
             assert "step 3/" in job.log(node, rank)
             assert "step 5/5" in (where / f"rank-{rank}.stdout.log").read_text()
+
+
+def test_the_launchers_multi_node_forms_under_srun_are_one_run(
+        slurm_jobs: dict[str, Job]) -> None:
+    """``srun forgelm-tui deepspeed --hostfile H --no_ssh --node_rank $SLURM_NODEID
+    --master_addr NODE0 ...`` and ``srun forgelm-tui accelerate launch --num_machines 2
+    --machine_rank $SLURM_NODEID --main_process_ip NODE0 ...`` (docs/launchers.md): one run of
+    4 ranks across the two nodes each, rank 0's 4 on both nodes, the launcher's rank
+    environment (CROSS_RANK under deepspeed, GROUP_RANK under accelerate's torchrun)."""
+    job = slurm_jobs["launchers"]
+    state, code = job.wait_end(420)
+    assert (state, code) == ("FAILED", "4:0"), (job.sacct(), job.slurm_out()[-3000:])
+    for name, node_key in (("deepspeed", "CROSS_RANK"), ("accelerate", "GROUP_RANK")):
+        for node in (0, 1):
+            envelope = json.loads((job.root / f"run-{name}" / f"node-{node}" /
+                                   "envelope.json").read_text())
+            assert envelope["exit_code"] == 4 and envelope["world_size"] == 4, envelope
+            assert envelope["launcher"]["name"] == ("deepspeed" if name == "deepspeed"
+                                                    else "accelerate launch")
+        dumps = [json.loads((job.root / f"dump-{name}" / f"rank-{r}.json").read_text())["env"]
+                 for r in range(4)]
+        assert [d[node_key] for d in dumps] == ["0", "0", "1", "1"], name
+        assert len({d["SLURMD_NODENAME"] for d in dumps}) == 2  # two nodes, really
