@@ -151,7 +151,7 @@ def test_deepspeed_no_ssh_is_a_node_of_a_multi_node_run(tmp_path: Path) -> None:
     (["--save_pid", "train.py"], "forgelm-tui deepspeed --save_pid"),
     (["-m", "forgelm.cli", "--config", "job.yaml"], "deepspeed: unrecognized arguments: -m"),
     (["--num_gpus", "two", "train.py"], "deepspeed: argument --num_gpus"),
-    (["--module", "--no_python", "x"], "--no_python and --module cannot be used together"),
+    (["--module", "--no_python", "x"], "--module and --no_python cannot be used together"),
     (["--num_nodes", "2", "train.py"], "--num_nodes 2 but no other nodes are given"),
     ([], "deepspeed: the following arguments are required: user_script"),
     (["--no_ssh", "train.py"], "deepspeed --no_ssh: --node_rank must be 0..0 (got -1)"),

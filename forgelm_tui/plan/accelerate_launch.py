@@ -34,6 +34,7 @@ from forgelm_tui.plan.translated import (
     missing,
     one_node,
     parser_errors,
+    program_words,
 )
 
 NAME = "accelerate launch"
@@ -62,7 +63,7 @@ def translate(args: Sequence[str]) -> Translated:
         ns = acc.launch_command_parser().parse_args(list(args))
     ns, defaults, mp_from_config = launcher_call(NAME, lambda: acc._validate_launch_command(ns))
     if ns.use_deepspeed and not ns.cpu:
-        return _deepspeed(acc, utils, ns, defaults, mp_from_config)
+        return _deepspeed(utils, ns, defaults, mp_from_config)
     if (ns.use_fsdp or ns.use_megatron_lm or ns.multi_gpu) and not ns.cpu:
         env = launcher_call(NAME, lambda: utils.prepare_multi_gpu_env(ns))
         return _torchrun(utils, ns, _p2p(utils, env))
@@ -75,12 +76,13 @@ def translate(args: Sequence[str]) -> Translated:
         raise UsageError(f"forgelm-tui {NAME} --mpirun_hostfile: mpirun starts the processes; "
                          f"{MULTI_NODE}")
     _, env = launcher_call(NAME, lambda: utils.prepare_simple_launcher_cmd_env(ns))
-    words, notices = one_node(NAME, ["--nproc-per-node", "1", *_program_flags(ns),
-                                     ns.training_script, *ns.training_script_args], HOW)
+    program = program_words(NAME, ns.module, ns.no_python)
+    words, notices = one_node(NAME, ["--nproc-per-node", "1", *program, ns.training_script,
+                                     *ns.training_script_args], HOW)
     return Translated(NAME, words, env=_added(env), env_style="single", notices=notices)
 
 
-def _deepspeed(acc: Any, utils: Any, ns: argparse.Namespace, defaults: Any,
+def _deepspeed(utils: Any, ns: argparse.Namespace, defaults: Any,
                mp_from_config: bool) -> Translated:
     """accelerate's DeepSpeed launcher on one node (or ``standard`` multi-node): torchrun's
     ranks with ``ACCELERATE_USE_DEEPSPEED`` and the config's fields, as its launch_command."""
@@ -133,15 +135,10 @@ def _torchrun(utils: Any, ns: argparse.Namespace, env: dict[str, str]) -> Transl
     for dest, flag in FLAGS.items():
         if getattr(torchrun, dest, False):
             words.append(flag)
-    words = [*words, *_program_flags(ns), ns.training_script, *ns.training_script_args]
+    words += [*program_words(NAME, ns.module, ns.no_python), ns.training_script,
+              *ns.training_script_args]
     words, notices = (words, []) if nodes else one_node(NAME, words, HOW)
     return Translated(NAME, words, env=_added(env), notices=notices)
-
-
-def _program_flags(ns: argparse.Namespace) -> list[str]:
-    if ns.module and ns.no_python:
-        raise UsageError(f"{NAME}: --module and --no_python cannot be used together")
-    return ["-m"] if ns.module else ["--no-python"] if ns.no_python else []
 
 
 def _p2p(utils: Any, env: dict[str, str]) -> dict[str, str]:

@@ -29,6 +29,7 @@ from forgelm_tui.plan.translated import (
     missing,
     one_node,
     parser_errors,
+    program_words,
 )
 
 NAME = "deepspeed"
@@ -57,8 +58,7 @@ def translate(args: Sequence[str]) -> Translated:
     for dest, why in REFUSED.items():
         if getattr(ns, dest, None) not in (None, False, ""):
             raise UsageError(f"forgelm-tui {NAME} --{dest}: {why}")
-    if ns.no_python and ns.module:
-        raise UsageError(f"{NAME}: --no_python and --module cannot be used together")
+    program = program_words(NAME, ns.module, ns.no_python)
     nodes, node_rank, master_addr = _resources(runner, ns)
     devices = nodes[list(nodes)[node_rank]]
     if any(len(slots) != len(devices) for slots in nodes.values()):
@@ -72,7 +72,7 @@ def translate(args: Sequence[str]) -> Translated:
     else:
         words, notices = one_node(NAME, words, "--hostfile, --no_ssh, --node_rank "
                                   "$SLURM_NODEID and --master_addr (docs/launchers.md)")
-    words += ["-m"] if ns.module else ["--no-python"] if ns.no_python else []
+    words += program
     if ns.enable_each_rank_log not in (None, "None"):
         notices.append(f"{NAME} --enable_each_rank_log {ns.enable_each_rank_log}: each rank's "
                        "output is in forgelm-tui's run dir (rank-N.stdout.log) instead")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -62,8 +63,6 @@ def one_node(launcher: str, words: list[str], how: str) -> tuple[list[str], list
     multi-node srun step (forgelm-tui alone would make the step's nodes one run): the words
     say ``--nnodes 1``, and a line says what the step's other nodes do (``how``: the
     launcher's own multi-node form)."""
-    import os
-
     nodes = os.environ.get("SLURM_STEP_NUM_NODES") or os.environ.get("SLURM_NNODES") or "1"
     notices = []
     if "SLURM_STEP_ID" in os.environ and nodes.isdigit() and int(nodes) > 1:
@@ -71,6 +70,13 @@ def one_node(launcher: str, words: list[str], how: str) -> tuple[list[str], list
                        f"a job of its own, as under {launcher}; for one job across the nodes "
                        f"give {how}")
     return ["--nnodes", "1", *words], notices
+
+
+def program_words(launcher: str, module: bool, no_python: bool) -> list[str]:
+    """The launcher's module / no-python flags as forgelm-tui's (torchrun's) words."""
+    if module and no_python:
+        raise UsageError(f"{launcher}: --module and --no_python cannot be used together")
+    return ["-m"] if module else ["--no-python"] if no_python else []
 
 
 def missing(package: str, extra: str) -> UsageError:
