@@ -83,16 +83,16 @@ def scenarios(marks: Callable[[str], Path], root: Path) -> list[Scenario]:
         Scenario("time_limit_forgelm", ["--config", str(config)], ["--time=3"], forgelm_env),
         Scenario("sigkill_node", ["--node-timeout", str(NODE_TIMEOUT), *loop,
                                   str(marks("sigkill_node"))]),
-        # the only job of the preemptible partition, holding 9 of each node's 18 CPUs (the 9
-        # other jobs hold one each: every job starts at once): an urgent job that needs 10 can
-        # only get them by preempting it, whatever else runs
+        # the only job of the preemptible partition, holding 14 of each node's 28 CPUs: the
+        # one-CPU jobs (10, up to 14 fit beside it) all start at once, and the urgent job,
+        # needing 15, can only start by preempting it, whatever else runs (the one-CPU jobs
+        # are of `debug`, a tier no higher than `low`'s: they never preempt it)
         Scenario("preempted", [*demo, "--steps", "100000", "--cleanup-seconds", "2"],
-                 ["--partition=low", "--cpus-per-task=9"]),
+                 ["--partition=low", "--cpus-per-task=14"]),
         Scenario("network_cut", ["--node-timeout", str(NODE_TIMEOUT), "--grace", "3", *loop,
                                  str(marks("network_cut"))]),
         Scenario("requeue", demo, ["--requeue"], requeue_self=True),
-        # the launchers' own multi-node forms under srun (docs/launchers.md): last, it waits
-        # for a CPU of the first job to end
+        # the launchers' own multi-node forms under srun (docs/launchers.md)
         Scenario("launchers", [], env={"DUMP_EXIT": "0=4", "ACCELERATE_USE_CPU": "true",
                                         "HF_HOME": str(root / "launchers" / "hf")},
                  script=launchers_script(root / "launchers")),

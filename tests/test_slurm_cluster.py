@@ -183,15 +183,15 @@ def test_a_time_limit_is_one_graceful_stop_every_cleanup_finished(
 
 def test_preemption_is_one_graceful_stop_every_cleanup_finished(
         slurm_jobs: dict[str, Job]) -> None:
-    """A job of the `urgent` partition (PriorityTier 10) needs 10 CPUs of each node; the demo,
-    the one job of `low` (tier 1, PreemptMode=CANCEL, GraceTime=5), holds 9 of the 18: it is
+    """A job of the `urgent` partition (PriorityTier 10) needs 15 CPUs of each node; the demo,
+    the one job of `low` (tier 1, PreemptMode=CANCEL, GraceTime=5), holds 14 of the 28: it is
     preempted, whatever else runs. slurmstepd sends SIGTERM + SIGCONT at once (the job still
     RUNNING, PreemptTime set) and the kill's SIGTERM, SIGCONT, SIGTERM later."""
     job = slurm_jobs["preempted"]
     training(job)
     urgent = subprocess.run(
         ["sbatch", "--parsable", "--partition=urgent", "-N2", "--ntasks-per-node=1",
-         "--cpus-per-task=10", f"--output={job.root / 'urgent.out'}", "--wrap=true"],
+         "--cpus-per-task=15", f"--output={job.root / 'urgent.out'}", "--wrap=true"],
         capture_output=True, text=True, env=job.env, timeout=60, check=True).stdout.strip()
     state, _ = job.wait_end(120)
     assert state in ("PREEMPTED", "FAILED"), job.sacct()
