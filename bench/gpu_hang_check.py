@@ -12,6 +12,10 @@ a CPU one). The sibling of bench/gpu_check.py.
    synchronisation, spinning a core): must end 2, stall, ``hang.missing_ranks == [1]``,
    ``waiting_ranks == [0]``. The op is printed, not required: a rank blocked in a CUDA
    synchronisation shows the Python line that read the tensor, not a c10d frame.
+3. NCCL's flight recorder (engine/nccl_dump.py): after ``healthy`` each rank's dump pipe
+   (``nccl-pipe-rank-N.pipe``, made by torch) is in the run dir; after ``chatty`` the stall's
+   request made both ranks dump, and ``hang.trace_files`` names ``nccl-trace-rank-0`` and
+   ``-1`` (neither on ``--dry-run``: gloo has no such pipe).
 
 Exit 0 when every check that could run passed, 1 otherwise; each result is printed, and what
 did not run (one GPU: no hang case) is said. ``--dry-run``: the same two runs on gloo and CPU
@@ -80,6 +84,11 @@ def main() -> int:
         if not all(r["collectives"] and max(r["collectives"].values()) > 0
                    for r in envelope["ranks"]):
             problems.append("healthy: a rank's collective counts are missing on NCCL")
+        pipes = sorted(p.name for p in (Path(tmp) / "healthy").glob("nccl-pipe-rank-*.pipe")
+                       if p.is_fifo())
+        print(f"healthy: NCCL's dump pipes in the run dir: {pipes}")
+        if not opts.dry_run and len(pipes) != min(count, 2):
+            problems.append(f"healthy: NCCL's dump pipes missing from the run dir ({pipes})")
         if count < 2:
             print("chatty: not run (one GPU; NCCL wants one rank a device)")
         else:
@@ -88,6 +97,10 @@ def main() -> int:
             if chatty["code"] != 2 or (hang.get("missing_ranks"), hang.get("waiting_ranks")) \
                     != ([1], [0]):
                 problems.append(f"chatty: exit {chatty['code']}, hang {hang}")
+            dumps = [f for f in hang.get("trace_files", []) if "nccl-trace-rank-" in f]
+            print(f"chatty: NCCL flight-recorder dumps named: {dumps}")
+            if not opts.dry_run and len(dumps) != 2:
+                problems.append(f"chatty: the stall's NCCL dumps are not both named ({dumps})")
     for problem in problems:
         print(f"MISMATCH {problem}")
     print("ok" if not problems else f"{len(problems)} problem(s)")

@@ -296,6 +296,9 @@ def test_chatty_laggards_are_named_and_a_long_phase_with_heartbeats_is_not(
       same hang, each node's stacks file named;
     - ``pause``: rank 1 evaluates for 6 s (no collective, printing, a heartbeat from its main
       thread every 0.5 s) while rank 0 waits in a barrier: ends 0, nobody stalled.
+    The chatty ranks play NCCL's flight-recorder pipe (tests/ranks/nccl_recorder_double.py):
+    the stall asks each for its dump, which lands in its own node's run dir and is named
+    after the stacks; the pause's ranks have no pipe and no dump.
     (The silent laggard: test_stall.py's collective deadlock.)"""
     from cluster_nodes import no_orphans, same_envelopes, start_nodes, wait_all
 
@@ -303,10 +306,12 @@ def test_chatty_laggards_are_named_and_a_long_phase_with_heartbeats_is_not(
     for mode in ("chatty", "pause"):
         (tmp_path / mode).mkdir()
         runs[mode] = start(["--nproc-per-node", "2", "--standalone", "--stall-timeout", "4",
-                            rank_script("laggard_gloo.py"), mode], tmp_path / mode)
+                            rank_script("laggard_gloo.py"), mode], tmp_path / mode,
+                           env={"PLAY_NCCL_RECORDER": "1"} if mode == "chatty" else None)
     (tmp_path / "nodes").mkdir()
     nodes = start_nodes(2, [rank_script("laggard_gloo.py"), "chatty"], tmp_path / "nodes",
-                        common=["--stall-timeout", "4", "--grace", "2"])
+                        common=["--stall-timeout", "4", "--grace", "2"],
+                        env={"PLAY_NCCL_RECORDER": "1"})
     chatty, pause = runs["chatty"], runs["pause"]
     chatty.wait(120)
     pause.wait(120)
@@ -318,7 +323,10 @@ def test_chatty_laggards_are_named_and_a_long_phase_with_heartbeats_is_not(
     assert found["missing_ranks"] == [1] and found["waiting_ranks"] == [0], found
     assert found["collective"]["op"] == "all_reduce" and found["collective"]["pg"] == "0", [
         (r["rank"], r["stuck_at"], r["stacks_note"]) for r in envelope["ranks"]]
-    assert found["trace_files"][0].endswith("rank-1.stacks.txt")
+    run = tmp_path / "chatty" / "run"
+    assert found["trace_files"] == [str(run / "rank-1.stacks.txt"), str(run / "rank-0.stacks.txt"),
+                                    str(run / "nccl-trace-rank-1"), str(run / "nccl-trace-rank-0")]
+    assert [r["nccl_dump_file"] for r in envelope["ranks"]] == found["trace_files"][:1:-1]
     assert "hang: rank 1 never entered all_reduce #" in out
     assert "rank 1 is quiet (its peers wait in a collective it has not entered" in out
 
@@ -326,6 +334,7 @@ def test_chatty_laggards_are_named_and_a_long_phase_with_heartbeats_is_not(
     envelope = pause.envelope()
     assert pause.proc.returncode == 0, out
     assert envelope["stop"] is None and envelope["hang"] is None
+    assert [r["nccl_dump_file"] for r in envelope["ranks"]] == [None, None]
     assert not any(r["stalled"] for r in envelope["ranks"])
     assert "rank 0: done" in out and "rank 1: done" in out  # every step, after the pause
 
@@ -337,7 +346,8 @@ def test_chatty_laggards_are_named_and_a_long_phase_with_heartbeats_is_not(
     assert found["collective"]["op"] == "all_reduce", [
         (r["rank"], r["stuck_at"], r["stacks_note"]) for r in envelope["ranks"]]
     assert found["trace_files"] == [
-        str(tmp_path / "nodes" / "run" / f"node-{n}" / f"rank-{n}.stacks.txt") for n in (1, 0)]
+        str(tmp_path / "nodes" / "run" / f"node-{n}" / name.format(n))
+        for name in ("rank-{}.stacks.txt", "nccl-trace-rank-{}") for n in (1, 0)], found
     for node in nodes:
         assert "hang: rank 1 never entered all_reduce #" in "".join(node.output())
     no_orphans([p for n in nodes for p in n.rank_pids()])

@@ -24,8 +24,10 @@ DUMP = rank_script("dump_env.py")
 # What may differ, and why: the port (each run picks its own here, so that both run at once),
 # torchrun's agent's own files and store, which forgelm-tui is instead of (its ranks make their
 # own store at MASTER_PORT), and forgelm-tui's own variables; DUMP_DIR is this test's.
+# (NCCL's flight-recorder pipe and dump under the run dir: forgelm-tui's, engine/nccl_dump.py)
 ALLOWED = {"MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE",
-           "TORCHELASTIC_USE_AGENT_STORE", "DUMP_DIR"}
+           "TORCHELASTIC_USE_AGENT_STORE", "DUMP_DIR", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE",
+           "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"}
 
 
 def launch(cmd: list[str], tmp_path: Path, name: str, env: dict[str, str],

@@ -115,8 +115,7 @@ def name(ranks: Sequence[Json]) -> Json | None:
         bool(set(gap[3]) & waiting_somewhere), -len(gap[2])))
     by_rank = {r["rank"]: r for r in ranks}
     op = next(filter(None, (op_of(by_rank[rank].get("stuck_at")) for rank in waiting)), None)
-    files = [by_rank[rank]["stacks_file"] for rank in missing + waiting
-             if by_rank[rank].get("stacks_file")]
+    files = _trace_files([by_rank[rank] for rank in missing + waiting])
     return {"collective": {"pg": group, "seq": seq, "op": op,
                            "op_from": None if op is None else "stacks"},
             "waiting_ranks": waiting, "missing_ranks": missing, "mismatch": None,
@@ -139,12 +138,17 @@ def _mismatch(stalled: Sequence[Json], groups: Sequence[str]) -> Json | None:
             if op is not None:
                 ops.setdefault(op, []).append(rank["rank"])
         if len(ops) >= 2:
-            files = [r["stacks_file"] for r in ranks if r.get("stacks_file")]
+            files = _trace_files(ranks)
             return {"collective": {"pg": group, "seq": ranks[0]["collectives"][group],
                                    "op": None, "op_from": "stacks"},
                     "waiting_ranks": sorted(r["rank"] for r in ranks), "missing_ranks": [],
                     "mismatch": ops, "other_groups": [], "trace_files": files}
     return None
+
+
+def _trace_files(ranks: Sequence[Json]) -> list[str]:
+    """The ranks' stacks files, then their NCCL flight-recorder dumps (engine/nccl_dump.py)."""
+    return [r[key] for key in ("stacks_file", "nccl_dump_file") for r in ranks if r.get(key)]
 
 
 def op_of(stuck_at: str | None) -> str | None:

@@ -13,6 +13,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
+from forgelm_tui.engine import nccl_dump
 from forgelm_tui.engine.guardian import Guardian
 from forgelm_tui.engine.loop import exits_first
 from forgelm_tui.engine.records import RankRecord
@@ -43,6 +44,7 @@ class RankProcesses:
         if self._guardian is not None:
             self._guardian.watch(proc.pid)
         record.mark_started(proc.pid)
+        record.nccl_pipe, record.nccl_dump = nccl_dump.places(env)
         self.procs[record.rank] = proc
         self._watch_exit(record, proc)
         return proc.pid, pipes

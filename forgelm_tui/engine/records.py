@@ -136,6 +136,9 @@ class RankRecord:
     # When another node's stop's SIGTERM reached it from the inbox thread, before the loop
     # recorded it in signals_sent (engine/early_stop.py); None once recorded, or never sent.
     early_stop_at: float | None = None
+    # torch's NCCL flight-recorder pipe and dump file, each + its rank (engine/nccl_dump.py)
+    nccl_pipe: str | None = None
+    nccl_dump: str | None = None
 
     @property
     def alive(self) -> bool:

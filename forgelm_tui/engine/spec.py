@@ -7,7 +7,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from forgelm_tui.rank.collectives import COLLECTIVES_ENV
 from forgelm_tui.redact import shown_argv
+
+# NCCL's flight-recorder pipe and dump (engine/nccl_dump.py): torch's variables, each + rank
+PIPE_VAR = "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"
+DUMP_VARS = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")  # torch reads both
+PIPE_STEM = "nccl-pipe-rank-"
+DUMP_STEM = "nccl-trace-rank-"
 
 # torchrun sets these per worker (torch/distributed/run.py and the local elastic agent).
 _TORCHRUN_CLEARED = ("TORCHELASTIC_USE_AGENT_STORE",)
@@ -91,7 +98,7 @@ def rank_env(spec: LaunchSpec, local_rank: int, base: Mapping[str, str]) -> dict
     """The environment the launcher forgelm-tui stands in for would give this rank, on top
     of ``base``: torchrun's unless ``env_style`` says otherwise."""
     if spec.env_style == "deepspeed":
-        return _deepspeed_env(spec, local_rank, base)
+        return {**_deepspeed_env(spec, local_rank, base), **_nccl_dumps(spec, base)}
     if spec.env_style == "single":
         return {**base, **spec.extra_env, "FORGELM_TUI_RUN_DIR": str(spec.run_dir)}
     rank = spec.global_rank(local_rank)
@@ -120,11 +127,28 @@ def rank_env(spec: LaunchSpec, local_rank: int, base: Mapping[str, str]) -> dict
         }
     )
     env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    env.update(_nccl_dumps(spec, base))
     if spec.world_size > 1 or spec.nproc_per_node > 1:
         env.setdefault("OMP_NUM_THREADS", "1")
     if spec.unbuffered:
         env.setdefault("PYTHONUNBUFFERED", "1")
     return env
+
+
+def dump_env(run_dir: Path, base: Mapping[str, str]) -> dict[str, str]:
+    """NCCL's dump pipe and dump file under the run dir, each unless the user set it."""
+    env = {}
+    if PIPE_VAR not in base:
+        env[PIPE_VAR] = str(run_dir / PIPE_STEM)
+    if not any(var in base for var in DUMP_VARS):
+        env[DUMP_VARS[1]] = str(run_dir / DUMP_STEM)
+    return env
+
+
+def _nccl_dumps(spec: LaunchSpec, base: Mapping[str, str]) -> dict[str, str]:
+    """With the collective trace on, NCCL's flight-recorder dumps go to the run dir
+    (engine/nccl_dump.py)."""
+    return dump_env(spec.run_dir, base) if spec.extra_env.get(COLLECTIVES_ENV) == "1" else {}
 
 
 def _deepspeed_env(spec: LaunchSpec, local_rank: int, base: Mapping[str, str]) -> dict[str, str]:

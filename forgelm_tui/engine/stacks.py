@@ -29,6 +29,7 @@ from pathlib import Path
 
 from forgelm_tui.channel import STACKS_SIGNAL, stacks_file_name
 from forgelm_tui.engine import events as ev
+from forgelm_tui.engine import nccl_dump
 from forgelm_tui.engine.records import RankRecord
 from forgelm_tui.engine.stack_text import faulthandler_threads, innermost, py_spy_threads
 from forgelm_tui.isotime import now_iso
@@ -113,7 +114,12 @@ class StackCapture:
         self._asked = {}
         until = began + max(0.0, self.deadline - FINISH_MARGIN)
         jobs = {r.rank: asyncio.ensure_future(self._one(r, reason, until)) for r in targets}
-        await asyncio.wait(jobs.values(), timeout=max(0.0, until - time.monotonic()))
+        # NCCL's own flight recorder too, where a rank has one (engine/nccl_dump.py)
+        dumps = [(r.nccl_dump, r.rank) for r in targets
+                 if r.nccl_dump and nccl_dump.request(r.nccl_pipe, r.rank)]
+        written = asyncio.ensure_future(nccl_dump.written(dumps, began_at, until))
+        await asyncio.wait([*jobs.values(), written], timeout=max(0.0, until - time.monotonic()))
+        written.cancel()
         late = [job for job in jobs.values() if not job.done()]
         for job in late:
             job.cancel()

@@ -12,6 +12,7 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
+from forgelm_tui.engine import nccl_dump
 from forgelm_tui.engine.crash import read_error_file
 from forgelm_tui.engine.records import (
     CancelRequest,
@@ -132,6 +133,7 @@ def _stacks(record: RankRecord) -> Json:
         "stacks_file": stacks.file if stacks else None,
         "stacks_via": stacks.via if stacks else None,
         "stacks_note": stacks.note if stacks else None,
+        "nccl_dump_file": nccl_dump.dump_file(record.nccl_dump, record.rank, record.started_at),
     }
 
 

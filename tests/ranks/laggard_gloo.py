@@ -24,6 +24,10 @@ steps = int(sys.argv[2]) if len(sys.argv) > 2 else 10
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 laggard = rank == world - 1
+if os.environ.get("PLAY_NCCL_RECORDER") == "1":  # torch's NCCL dump pipe, played (no NCCL here)
+    import nccl_recorder_double
+
+    nccl_recorder_double.start(rank)
 print(f"rank {rank}: training, mode {mode}", flush=True)
 value = torch.ones(1)
 

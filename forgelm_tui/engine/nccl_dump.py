@@ -1,0 +1,107 @@
+"""torch's own NCCL flight-recorder dumps, into the run dir and asked for at a stall (issue 22).
+
+ProcessGroupNCCL keeps a flight recorder (the last 2,000 collectives by default, with their
+sizes and Python stacks) and writes it to ``<TORCH_NCCL_DEBUG_INFO_TEMP_FILE><rank>``
+(``/tmp/nccl_trace_rank_<rank>`` unless set) when its watchdog times out, and whenever
+something is written to the named pipe ``<TORCH_NCCL_DEBUG_INFO_PIPE_FILE><rank>.pipe`` that
+it creates when that variable is set (torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp,
+``DumpPipe``; its heartbeat monitor thread reads it, so a rank whose main thread hangs still
+dumps). forgelm-tui, with ``--collective-trace on``:
+
+- gives every rank both variables, under its run dir (``nccl-trace-rank-<rank>``,
+  ``nccl-pipe-rank-<rank>.pipe``), unless the user set them (``TORCH_FR_DUMP_TEMP_FILE`` is the
+  newer spelling of the first): each node keeps its ranks' dumps, none in a shared /tmp;
+- at a stall (and when stacks are asked for), writes one byte to the pipe of each rank whose
+  pipe is there (a rank without NCCL has none, and a pipe nobody reads is left alone), and the
+  capture waits for those dumps as for the stacks, within the same deadline: the stall's stop
+  comes after them (a rank stopped first might die before its recorder wrote);
+- lists each rank's dump in the envelope (``ranks[].nccl_dump_file``, and after the stacks in
+  ``hang.trace_files``) when one was written after the rank started: the dumps are torch's own
+  format (a pickle by default), for torch's ``fr_trace`` analyser; nothing here reads them.
+
+Gloo records nothing of this: its ranks never create the pipe. Not run on a GPU yet
+(docs/progress.md); tests drive the pipe with a rank that plays torch's part.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+import time
+from collections.abc import Mapping, Sequence
+
+# (the spec gives the ranks these places: the launch spec imports no process code)
+from forgelm_tui.engine.spec import DUMP_STEM, DUMP_VARS, PIPE_STEM, PIPE_VAR, dump_env
+
+__all__ = ["DUMP_STEM", "DUMP_VARS", "PIPE_STEM", "PIPE_VAR", "dump_env", "dump_file", "places",
+           "request", "written"]
+
+TORCH_DEFAULT_DUMP = "/tmp/nccl_trace_rank_"
+SETTLE = 0.1  # a dump is written once its file has not grown for this long
+POLL = 0.02
+
+
+def places(env: Mapping[str, str]) -> tuple[str | None, str]:
+    """The pipe stem and the dump stem of a rank started with ``env`` (each + its rank)."""
+    dump = next((env[var] for var in DUMP_VARS if env.get(var)), TORCH_DEFAULT_DUMP)
+    return env.get(PIPE_VAR) or None, dump
+
+
+def request(pipe_stem: str | None, rank: int) -> bool:
+    """Ask the rank's NCCL process group for a dump now: one byte to its pipe. False when it
+    has none (no NCCL, the variable not set, or nobody reads it): never blocks."""
+    if pipe_stem is None:
+        return False
+    path = f"{pipe_stem}{rank}.pipe"
+    try:
+        if not stat.S_ISFIFO(os.stat(path).st_mode):
+            return False
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)  # ENXIO: no reader
+    except OSError:
+        return False
+    try:
+        os.write(fd, b"1")
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+def dump_file(dump_stem: str | None, rank: int, since: float | None) -> str | None:
+    """The rank's dump, when one was written since ``since`` (epoch seconds; an older run's,
+    or an older request's, is not it)."""
+    if dump_stem is None:
+        return None
+    path = f"{dump_stem}{rank}"
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    fresh = since is None or info.st_mtime >= since - 0.05
+    return path if info.st_size > 0 and stat.S_ISREG(info.st_mode) and fresh else None
+
+
+async def written(dumps: Sequence[tuple[str, int]], since: float, until: float) -> None:
+    """Wait, until ``until`` (monotonic) at most, for each (dump stem, rank)'s dump asked for
+    at ``since`` (epoch) to be written: there, and not grown for SETTLE."""
+    sizes: dict[int, tuple[int, float]] = {}
+    left = list(dumps)
+    while left and time.monotonic() < until:
+        await asyncio.sleep(POLL)
+        now = time.monotonic()
+        for stem, rank in list(left):
+            path = dump_file(stem, rank, since)
+            size = _size(path) if path else -1
+            if sizes.get(rank, (None, 0.0))[0] != size:
+                sizes[rank] = (size, now)
+            elif size > 0 and now - sizes[rank][1] >= SETTLE:
+                left.remove((stem, rank))
+
+
+def _size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return -1
