@@ -264,6 +264,30 @@ def test_the_first_message_installs_and_announces_the_handler(tmp_path: Path) ->
             proc.wait()
 
 
+LATE = """
+import faulthandler, os, signal, sys, time
+from forgelm_tui.rank import stacks
+signum = int(sys.argv[1])
+assert stacks.install(lambda *a, **k: None)
+faulthandler.unregister(signum)  # what the interpreter's finalization does
+os.kill(os.getpid(), signum)  # a capture that comes in the rank's last moments
+time.sleep(0.2)
+print("alive", flush=True)
+"""
+
+
+def test_a_capture_in_a_ranks_last_moments_is_not_its_death(tmp_path: Path) -> None:
+    """faulthandler restores the disposition it found when the interpreter finalizes: the
+    runtime ignores the signal first, so a stacks signal that reaches an ending rank after
+    that is ignored, not its death by SIGRTMIN+3 (a rank in teardown was blamed once as
+    failed on its own)."""
+    env = {**os.environ, "RANK": "3", "FORGELM_TUI_RUN_DIR": str(tmp_path),
+           STACKS_ENV: str(STACKS_SIGNAL)}
+    done = subprocess.run([sys.executable, "-c", LATE, str(STACKS_SIGNAL)], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout) == (0, "alive\n"), done.stderr
+
+
 def test_no_handler_without_the_supervisor_asking(tmp_path: Path) -> None:
     """An older supervisor names no stacks signal: no handler, no announcement (it would count
     an unknown kind as a heartbeat), and the signal keeps its default action."""

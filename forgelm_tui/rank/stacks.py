@@ -16,6 +16,7 @@ its handler, and is then not announced. No torch here, and no import of the chan
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import os
 import signal
@@ -42,14 +43,21 @@ def install(send: Callable[..., Any]) -> bool:
     rank = os.environ.get("RANK", "")
     if signum is None or not run_dir or not rank.isdigit():
         return False
-    if signal.getsignal(signum) not in (signal.SIG_DFL, None):
+    before = signal.getsignal(signum)
+    if before not in (signal.SIG_DFL, signal.SIG_IGN, None):
         return False  # the program handles this signal itself: never take it over
     path = os.path.join(run_dir, stacks_file_name(int(rank)))
     try:
         handle = open(path, "ab", buffering=0,  # noqa: SIM115 (open as long as the process)
                       opener=lambda name, flags: os.open(name, flags, 0o600))
+        # What faulthandler restores when the interpreter finalizes: ignored, so a capture
+        # that reaches a rank in its last moments (handler gone, process not yet ended) is
+        # not its death by a real-time signal's default action.
+        signal.signal(signum, signal.SIG_IGN)
         faulthandler.register(signum, file=handle, all_threads=True, chain=False)
     except (OSError, ValueError, RuntimeError):
+        with contextlib.suppress(OSError, ValueError):
+            signal.signal(signum, before if before is not None else signal.SIG_DFL)
         return False
     _file = handle
     send(MessageKind.STACKS_HANDLER, signum=signum, pid=os.getpid(),
