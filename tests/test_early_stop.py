@@ -52,6 +52,37 @@ def test_the_early_pass_signals_every_live_ranks_group_once() -> None:
     assert early.pending() is not None and early.pending() is None
 
 
+def test_a_rank_is_marked_signalled_before_its_signal_goes_out(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rank a SIGTERM wakes may end, and the loop read its exit, before this thread runs
+    again: at the moment the signal goes out the rank is already marked (before, a rank of a
+    32 x 8 bench run died of the early SIGTERM with no signal in its record); a signal that
+    finds nothing is unmarked."""
+    import forgelm_tui.engine.early_stop as module
+
+    procs, records = children(2)
+    seen: list[float | None] = []
+
+    def send(pid: int, sig: int) -> bool:
+        record = next(r for r in records if r.pid == pid)
+        seen.append(record.early_stop_at)  # what the loop would read now
+        if record is records[1]:
+            return False  # already gone
+        os.killpg(pid, sig)
+        return True
+
+    monkeypatch.setattr(module, "signal_group", send)
+    try:
+        assert EarlyStop().signal(stop(), records)
+        assert len(seen) == 2 and all(at is not None for at in seen)
+        assert records[0].early_stop_at is not None and records[1].early_stop_at is None
+        assert procs[0].wait(10) == -signal.SIGTERM
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
 def test_no_early_pass_once_this_nodes_stop_began_nor_for_a_stall() -> None:
     procs, records = children(1)
     try:
