@@ -61,8 +61,9 @@ def forgelm_job(root: Path) -> tuple[Path, dict[str, str]]:
     return job.config, env
 
 
-def scenarios(marks: Callable[[str], Path], root: Path) -> list[Scenario]:
-    """The jobs, each 2 nodes x 2 gloo ranks (one forgelm-tui per node, as srun runs it)."""
+def scenarios(marks: Callable[[str], Path], root: Path, qos: bool = False) -> list[Scenario]:
+    """The jobs, each 2 nodes x 2 gloo ranks (one forgelm-tui per node, as srun runs it);
+    ``qos``: the cluster preempts by QOS (the preemptible job asks for QOS ``low``)."""
     demo = ["demo", "--step-time", "0.2"]
     config, forgelm_env = forgelm_job(root / "time_limit_forgelm")
     loop = [rank_script("gloo_loop.py")]
@@ -88,7 +89,8 @@ def scenarios(marks: Callable[[str], Path], root: Path) -> list[Scenario]:
         # needing 15, can only start by preempting it, whatever else runs (the one-CPU jobs
         # are of `debug`, a tier no higher than `low`'s: they never preempt it)
         Scenario("preempted", [*demo, "--steps", "100000", "--cleanup-seconds", "2"],
-                 ["--partition=low", "--cpus-per-task=14"]),
+                 ["--partition=low", "--cpus-per-task=14",
+                  *(["--qos=low"] if qos else [])]),
         Scenario("network_cut", ["--node-timeout", str(NODE_TIMEOUT), "--grace", "3", *loop,
                                  str(marks("network_cut"))]),
         Scenario("requeue", demo, ["--requeue"], requeue_self=True),
@@ -135,6 +137,15 @@ def cluster_env() -> dict[str, str]:
                 key, _, value = word.partition("=")
                 env[key] = value
     return env
+
+
+def qos_preemption(env: dict[str, str]) -> bool:
+    """The cluster preempts by QOS (``FSLURM_PREEMPT=qos``), not by partition tier."""
+    done = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True,
+                          env=env, timeout=30, check=True)
+    return any(line.split("=", 1)[0].strip() == "PreemptType"
+               and line.split("=", 1)[1].strip() == "preempt/qos"
+               for line in done.stdout.splitlines() if "=" in line)
 
 
 def unavailable() -> str | None:
@@ -269,6 +280,6 @@ def submit_all(root: Path) -> dict[str, Job]:
             known = json.loads(record.read_text())
             return {name: Job(name, job_id, root / name, env) for name, job_id in known.items()}
         jobs = {s.name: submit(s, root, env)
-                for s in scenarios(lambda n: root / n / "marks", root)}
+                for s in scenarios(lambda n: root / n / "marks", root, qos_preemption(env))}
         record.write_text(json.dumps({name: job.job_id for name, job in jobs.items()}))
         return jobs

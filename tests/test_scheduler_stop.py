@@ -3,14 +3,20 @@ rules, in-process. The real answers are read on a real SLURM cluster (test_slurm
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from forgelm_tui.cluster.scheduler_stop import (
     classify,
+    config_value,
     grace_time,
     limit_seconds,
     parse_job,
     preemption_grace,
+    preemption_grace_time,
+    qos_grace_time,
 )
 
 pytestmark = pytest.mark.timeout(10)
@@ -110,3 +116,55 @@ def test_a_preemption_grows_a_derived_grace_to_its_window(
     assert (None if found is None else found[0]) == grace, found
     if found is not None:
         assert found[1].startswith("preempted: GraceTime ") and source in found[1]
+
+
+# As the test cluster's slurmctld 22.05 and sacctmgr print them (FSLURM_PREEMPT=qos).
+CONFIG = ("Configuration data as of 2026-12-04T22:41:01\nPreemptMode             = CANCEL\n"
+          "PreemptType             = {type}\nPreemptExemptTime       = 00:00:00\n")
+
+
+def test_a_setting_of_scontrol_show_config_is_read() -> None:
+    config = CONFIG.format(type="preempt/qos")
+    assert config_value(config, "PreemptType") == "preempt/qos"
+    assert config_value(config, "PreemptMode") == "CANCEL"
+    assert config_value(config, "Preempt") is None and config_value(None, "PreemptType") is None
+
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    ("00:00:05\n", 5.0), ("00:00:00\n", 0.0), ("00:10:00", 600.0), ("1-00:00:00", 86400.0),
+    ("", None), (None, None), ("5", None), ("00:00:05\n00:00:10\n", None)])
+def test_a_qos_grace_time_is_read(text: str | None, seconds: float | None) -> None:
+    assert qos_grace_time(text) == seconds
+
+
+def fake_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, preempt_type: str) -> None:
+    """scontrol and sacctmgr on PATH, answering as the cluster would: partition low's
+    GraceTime 30, QOS low's 5 (sacctmgr prints nothing for a QOS that does not exist)."""
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text("#!/bin/sh\n"
+                        f"[ \"$2\" = config ] && printf '{CONFIG.format(type=preempt_type)}'\n"
+                        "[ \"$2\" = partition ] && echo PartitionName=$4 GraceTime=30\n"
+                        "exit 0\n")
+    sacctmgr = tmp_path / "sacctmgr"
+    sacctmgr.write_text('#!/bin/sh\n[ "$5" = low ] && echo 00:00:05\nexit 0\n')
+    for tool in (scontrol, sacctmgr):
+        tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+
+
+@pytest.mark.parametrize(("preempt_type", "qos", "grace", "of"), [
+    ("preempt/qos", "low", 5.0, "QOS low"),
+    ("preempt/qos", "gone", None, "QOS gone"),
+    ("preempt/partition_prio", "low", 30.0, "partition low"),
+    ("", "low", 30.0, "partition low"),  # the type unknown: the partition's, as before
+])
+async def test_the_grace_time_comes_from_where_slurmctld_takes_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, preempt_type: str, qos: str,
+        grace: float | None, of: str) -> None:
+    """slurmctld's preempt plugins: preempt/qos gives the job's QOS's GraceTime,
+    preempt/partition_prio its partition's (a QOS-preempted job in a partition with
+    none got no more than KillWait before)."""
+    fake_slurm(tmp_path, monkeypatch, preempt_type)
+    found = await preemption_grace_time({"SLURM_JOB_PARTITION": "low"}, {"QOS": qos})
+    assert (found["grace_time"], found["grace_time_of"]) == (grace, of)
+    assert found["preempt_type"] == (preempt_type or None)

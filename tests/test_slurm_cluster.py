@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from conftest import wait_for
-from slurm_jobs import CLUSTER, NODE_TIMEOUT, Job, skip_or_fail, submit_all
+from slurm_jobs import CLUSTER, NODE_TIMEOUT, Job, qos_preemption, skip_or_fail, submit_all
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(660)]
 
@@ -27,7 +27,11 @@ pytestmark = [pytest.mark.slurm, pytest.mark.timeout(660)]
 @pytest.fixture(scope="session")
 def slurm_jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Job]:
     skip_or_fail()
-    return submit_all(tmp_path_factory.getbasetemp().parent / "slurm-jobs")
+    # one record per test session: the workers' base temps share the session's dir; without
+    # xdist the base temp is the session's own (its parent holds every earlier session's)
+    base = tmp_path_factory.getbasetemp()
+    return submit_all((base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base)
+                      / "slurm-jobs")
 
 
 def _at(text: str) -> float:
@@ -188,9 +192,11 @@ def test_preemption_is_one_graceful_stop_every_cleanup_finished(
     preempted, whatever else runs. slurmstepd sends SIGTERM + SIGCONT at once (the job still
     RUNNING, PreemptTime set) and the kill's SIGTERM, SIGCONT, SIGTERM later."""
     job = slurm_jobs["preempted"]
+    qos = qos_preemption(job.env)  # FSLURM_PREEMPT=qos: QOS urgent preempts QOS low
     training(job)
     urgent = subprocess.run(
         ["sbatch", "--parsable", "--partition=urgent", "-N2", "--ntasks-per-node=1",
+         *(["--qos=urgent"] if qos else []),
          "--cpus-per-task=15", f"--output={job.root / 'urgent.out'}", "--wrap=true"],
         capture_output=True, text=True, env=job.env, timeout=60, check=True).stdout.strip()
     state, _ = job.wait_end(120)
@@ -199,6 +205,9 @@ def test_preemption_is_one_graceful_stop_every_cleanup_finished(
         assert envelope["exit_code"] == 2 and envelope["decided_by"]["rule"] == 4
         one_stop_request(envelope)
         assert envelope["stop"]["scheduler"]["kind"] == "preempted", envelope["stop"]
+        evidence = envelope["stop"]["scheduler"]["evidence"]  # where slurmctld takes GraceTime
+        assert (evidence["preempt_type"], evidence["grace_time_of"]) == (
+            ("preempt/qos", "QOS low") if qos else ("preempt/partition_prio", "partition low"))
         # the window is GraceTime 5 + KillWait 10: the derived grace grew from 5 s to 10 s
         assert envelope["stop"]["grace_s"] == 10, envelope["stop"]
         assert envelope["stop"]["grace_from"] == (

@@ -156,11 +156,44 @@ async def scheduler_stop(env: Mapping[str, str], sender: dict[str, Any] | None,
                           SCONTROL_WAIT)
         accounted = (rows or "").strip().splitlines()[0] if (rows or "").strip() else None
     cause = classify(env, job, sender, at, accounted)
-    partition = (job or {}).get("Partition") or env.get("SLURM_JOB_PARTITION")
-    if cause["kind"] == "preempted" and partition:
-        text = await _run(["scontrol", "show", "partition", "-o", partition], SCONTROL_WAIT)
-        cause["evidence"]["grace_time"] = grace_time(text)
+    if cause["kind"] == "preempted":
+        cause["evidence"].update(await preemption_grace_time(env, job))
     return cause
+
+
+async def preemption_grace_time(env: Mapping[str, str],
+                                job: Mapping[str, str] | None) -> dict[str, Any]:
+    """The GraceTime slurmctld gives a preempted job, where it takes it from: the job's QOS
+    under ``PreemptType=preempt/qos`` (``sacctmgr show qos``), else its partition's
+    (``preempt/partition_prio``, and whenever the type is not known): slurmctld's preempt
+    plugins, ``_get_grace_time``. ``grace_time`` None when it could not be read."""
+    partition = (job or {}).get("Partition") or env.get("SLURM_JOB_PARTITION")
+    config, part = await asyncio.gather(
+        _run(["scontrol", "show", "config"], SCONTROL_WAIT),
+        _run(["scontrol", "show", "partition", "-o", partition], SCONTROL_WAIT)
+        if partition else _none())
+    preempt_type = config_value(config, "PreemptType")
+    qos = (job or {}).get("QOS")
+    if preempt_type == "preempt/qos":
+        text = await _run(["sacctmgr", "-n", "-P", "show", "qos", qos, "format=GraceTime"],
+                          SCONTROL_WAIT) if qos else None
+        return {"preempt_type": preempt_type, "grace_time_of": f"QOS {qos}",
+                "grace_time": qos_grace_time(text)}
+    return {"preempt_type": preempt_type, "grace_time_of": f"partition {partition}",
+            "grace_time": grace_time(part)}
+
+
+async def _none() -> None:
+    return None
+
+
+def config_value(config: str | None, key: str) -> str | None:
+    """One setting of ``scontrol show config`` (``Key = value`` lines)."""
+    for line in (config or "").splitlines():
+        name, sep, value = line.partition("=")
+        if sep and name.strip() == key:
+            return value.strip() or None
+    return None
 
 
 def grace_time(partition: str | None) -> float | None:
@@ -171,6 +204,15 @@ def grace_time(partition: str | None) -> float | None:
         return None if value is None else float(value)
     except ValueError:
         return None
+
+
+def qos_grace_time(text: str | None) -> float | None:
+    """A QOS's ``GraceTime`` from ``sacctmgr -n -P show qos NAME format=GraceTime``: SLURM's
+    time (``00:00:05``, ``1-00:00:00``); None if unknown (no such QOS, no accounting)."""
+    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    if len(lines) != 1 or ":" not in lines[0]:
+        return None
+    return limit_seconds(lines[0])
 
 
 def preemption_grace(cause: Mapping[str, Any] | None, window: float | None,

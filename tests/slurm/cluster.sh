@@ -16,8 +16,9 @@
 #   logs [NAME]     tail the daemon logs
 #
 # Environment: FSLURM_PROCTRACK=linuxproc (default cgroup) switches the
-# nodes to proctrack/cgroup (see below); FSLURM_KEEP_ON_FAIL=1 leaves a
-# failed `up` running for inspection; FSLURM_STATE moves the state dir.
+# nodes to proctrack/cgroup (see below); FSLURM_PREEMPT=qos (default
+# partition) makes preemption QOS-based (below); FSLURM_KEEP_ON_FAIL=1 leaves
+# a failed `up` running for inspection; FSLURM_STATE moves the state dir.
 #
 # Design
 #   Everything lives in $STATE (/run/forgelm-tui-slurm): slurm.conf and
@@ -65,7 +66,10 @@
 #   * KillWait=10, OverTimeLimit=0, InactiveLimit=0, MinJobAge=15.
 #     Preemption: preempt/partition_prio, PreemptMode=CANCEL; a job of
 #     "urgent" (PriorityTier 10) preempts jobs of "low" (tier 1, GraceTime=5)
-#     only. "debug" (the default) is tier 1 too, with PreemptMode=OFF: a
+#     only (FSLURM_PREEMPT=qos: preempt/qos instead, QOS "low" GraceTime=5
+#     and "urgent" Preempt=low, made in slurmdbd before slurmctld starts;
+#     partition low then has no GraceTime: a grace of 5 s can only come from
+#     the QOS). "debug" (the default) is tier 1 too, with PreemptMode=OFF: a
 #     pending job of a higher tier than low's preempts low's jobs to get a
 #     single CPU (measured: a debug job at tier 10 waiting for one CPU
 #     cancelled the test's preemptible demo 16 s into it), and urgent must
@@ -120,6 +124,8 @@ CTLD_PORT=6917
 SLURMD_PORT=6918
 DBD_PORT=6919
 PROCTRACK=${FSLURM_PROCTRACK:-cgroup}  # or linuxproc (see start_slurmd and the header)
+PREEMPT=${FSLURM_PREEMPT:-partition}  # or qos (the header)
+[[ $PREEMPT == partition || $PREEMPT == qos ]] || { echo "bad FSLURM_PREEMPT '$PREEMPT'" >&2; exit 2; }
 PACKAGES=(slurm-wlm slurmdbd munge mariadb-server iproute2 procps)
 
 CONF=$STATE/etc/slurm.conf
@@ -421,7 +427,7 @@ KillWait=10
 OverTimeLimit=0
 InactiveLimit=0
 MinJobAge=15
-PreemptType=preempt/partition_prio
+PreemptType=$([[ $PREEMPT == qos ]] && echo preempt/qos || echo preempt/partition_prio)
 PreemptMode=CANCEL
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=$CTL_ADDR
@@ -430,7 +436,7 @@ AccountingStoragePass=$MUNGE_SOCK
 JobCompType=jobcomp/none
 MailProg=/bin/true
 ${nodelines}PartitionName=debug Nodes=$(IFS=,; echo "${NODES[*]}") Default=YES MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=OFF
-PartitionName=low Nodes=$(IFS=,; echo "${NODES[*]}") MaxTime=INFINITE State=UP PriorityTier=1 GraceTime=5
+PartitionName=low Nodes=$(IFS=,; echo "${NODES[*]}") MaxTime=INFINITE State=UP PriorityTier=1 GraceTime=$([[ $PREEMPT == qos ]] && echo 0 || echo 5)
 PartitionName=urgent Nodes=$(IFS=,; echo "${NODES[*]}") MaxTime=INFINITE State=UP PriorityTier=10 PreemptMode=OFF
 EOF
 
@@ -509,6 +515,11 @@ start_slurmdbd() {
     wait_for 60 slurmdbd "$RUN/slurmdbd.pid" "$LOG/slurmdbd.log" sacctmgr -n list cluster
     sacctmgr -i -Q add cluster "$CLUSTER" >/dev/null ||
         fail "sacctmgr add cluster failed" "$LOG/slurmdbd.log"
+    if [[ $PREEMPT == qos ]]; then
+        sacctmgr -i -Q add qos low GraceTime=5 PreemptMode=cancel >/dev/null &&
+            sacctmgr -i -Q add qos urgent Preempt=low >/dev/null ||
+            fail "sacctmgr add qos failed" "$LOG/slurmdbd.log"
+    fi
 }
 
 start_slurmctld() {
