@@ -34,6 +34,29 @@ def test_with_the_trace_each_rank_dumps_into_its_run_dir(tmp_path: Path, style: 
     assert "TORCH_FR_DUMP_TEMP_FILE" not in env
 
 
+def test_no_pipe_where_no_fifo_can_be_made(tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch makes the pipe with a check that, failing in its monitor thread, would abort the
+    rank: a run dir without FIFOs (a FUSE mount of an object store: EPERM) gets none; the
+    dump file still goes there."""
+    import forgelm_tui.engine.spec as spec_module
+
+    def refuse(path: object, mode: int = 0o666) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(spec_module.os, "mkfifo", refuse)
+    spec_module.fifos_work.cache_clear()
+    try:
+        env = rank_env(spec(tmp_path, True), 0, {})
+        assert nccl_dump.PIPE_VAR not in env
+        assert env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == str(tmp_path / "nccl-trace-rank-")
+    finally:
+        monkeypatch.undo()
+        spec_module.fifos_work.cache_clear()
+    assert spec_module.fifos_work(tmp_path) and not list(tmp_path.iterdir())  # probe removed
+    assert not spec_module.fifos_work(tmp_path / "missing")
+
+
 def test_without_the_trace_or_for_one_process_nothing_is_set(tmp_path: Path) -> None:
     for env in (rank_env(spec(tmp_path, False), 0, {}),
                 rank_env(spec(tmp_path, True, "single"), 0, {})):

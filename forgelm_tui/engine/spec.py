@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import os
 import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -136,13 +139,28 @@ def rank_env(spec: LaunchSpec, local_rank: int, base: Mapping[str, str]) -> dict
 
 
 def dump_env(run_dir: Path, base: Mapping[str, str]) -> dict[str, str]:
-    """NCCL's dump pipe and dump file under the run dir, each unless the user set it."""
+    """NCCL's dump pipe and dump file under the run dir, each unless the user set it; the pipe
+    only where a FIFO can be made there: torch makes it with a check that, failing in its
+    monitor thread, would abort the rank (a FUSE mount of an object store has no FIFOs)."""
     env = {}
-    if PIPE_VAR not in base:
+    if PIPE_VAR not in base and fifos_work(run_dir):
         env[PIPE_VAR] = str(run_dir / PIPE_STEM)
     if not any(var in base for var in DUMP_VARS):
         env[DUMP_VARS[1]] = str(run_dir / DUMP_STEM)
     return env
+
+
+@functools.lru_cache(maxsize=16)
+def fifos_work(directory: Path) -> bool:
+    """A named pipe can be made in ``directory`` (tried once a directory, then removed)."""
+    probe = directory / f".fifo-probe-{os.getpid()}"
+    try:
+        os.mkfifo(probe, 0o600)
+    except OSError:
+        return False
+    with contextlib.suppress(OSError):
+        os.unlink(probe)
+    return True
 
 
 def _nccl_dumps(spec: LaunchSpec, base: Mapping[str, str]) -> dict[str, str]:
