@@ -327,6 +327,9 @@ def test_chatty_laggards_are_named_and_a_long_phase_with_heartbeats_is_not(
     assert found["trace_files"] == [str(run / "rank-1.stacks.txt"), str(run / "rank-0.stacks.txt"),
                                     str(run / "nccl-trace-rank-1"), str(run / "nccl-trace-rank-0")]
     assert [r["nccl_dump_file"] for r in envelope["ranks"]] == found["trace_files"][:1:-1]
+    # the handler went in from the collectives watcher's thread (its first channel message)
+    assert [r["stacks_via"] for r in envelope["ranks"]] == ["faulthandler"] * 2, [
+        r["stacks_note"] for r in envelope["ranks"]]
     assert "hang: rank 1 never entered all_reduce #" in out
     assert "rank 1 is quiet (its peers wait in a collective it has not entered" in out
 

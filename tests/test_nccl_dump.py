@@ -74,9 +74,9 @@ def test_the_users_own_places_win(tmp_path: Path, own: dict[str, str]) -> None:
     assert nccl_dump.places(env) == ("/data/pipe_", "/data/fr_")
 
 
-def test_torchs_default_dump_place_when_nothing_is_set() -> None:
-    assert nccl_dump.places({}) == (None, "/tmp/nccl_trace_rank_")
-    assert nccl_dump.request(None, 3) is False
+def test_nothing_looked_for_when_no_place_was_given() -> None:
+    assert nccl_dump.places({}) == (None, None)  # torch's own place is every job's
+    assert nccl_dump.request(None, 3) is False and nccl_dump.dump_file(None, 3, None) is None
 
 
 def test_a_pipe_that_is_missing_unread_or_no_pipe_is_left_alone(tmp_path: Path) -> None:
@@ -88,9 +88,9 @@ def test_a_pipe_that_is_missing_unread_or_no_pipe_is_left_alone(tmp_path: Path) 
     assert nccl_dump.request(stem, 3) is False  # a FIFO nobody reads (ENXIO): never blocks
     assert time.monotonic() - began < 1.0
     pipe.unlink()
-    pipe.write_text("")
+    pipe.write_text("abc")
     assert nccl_dump.request(stem, 3) is False  # a plain file is no pipe of torch's
-    assert pipe.read_text() == ""
+    assert pipe.read_text() == "abc"
 
 
 def test_a_read_pipe_gets_its_byte(tmp_path: Path) -> None:

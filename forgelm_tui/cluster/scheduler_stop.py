@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from forgelm_tui.engine.supervisor import Supervisor
 
 SCONTROL_WAIT = 1.5  # seconds a client call may take: the envelope must be on disk well before
-# the scheduler's SIGKILL, and the two calls are made while the ranks stop
+# the scheduler's SIGKILL, and the calls are made while the ranks stop
 _STATES = {"TIMEOUT": "time_limit", "CANCELLED": "scancel", "PREEMPTED": "preempted",
            "NODE_FAIL": "node_failure", "DEADLINE": "time_limit"}
 END_MARGIN = 2.0  # a signal this close to the job's end time is its time limit
@@ -136,6 +136,10 @@ async def _run(argv: list[str], wait: float) -> str | None:
             proc.kill()
         await proc.wait()
         return None
+    except asyncio.CancelledError:  # the answer is no longer waited for: no client left behind
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        raise
     return out.decode("utf-8", "replace") if proc.returncode == 0 else None
 
 
@@ -168,18 +172,18 @@ async def preemption_grace_time(env: Mapping[str, str],
     (``preempt/partition_prio``, and whenever the type is not known): slurmctld's preempt
     plugins, ``_get_grace_time``. ``grace_time`` None when it could not be read."""
     partition = (job or {}).get("Partition") or env.get("SLURM_JOB_PARTITION")
-    config, part = await asyncio.gather(
+    qos = (job or {}).get("QOS")
+    config, part, qos_text = await asyncio.gather(  # at once: one call's time, not three
         _run(["scontrol", "show", "config"], SCONTROL_WAIT),
         _run(["scontrol", "show", "partition", "-o", partition], SCONTROL_WAIT)
-        if partition else _none())
+        if partition else _none(),
+        _run(["sacctmgr", "-n", "-P", "show", "qos", qos, "format=GraceTime"], SCONTROL_WAIT)
+        if qos else _none())
     preempt_type = config_value(config, "PreemptType")
-    qos = (job or {}).get("QOS")
     if preempt_type == "preempt/qos":
-        text = await _run(["sacctmgr", "-n", "-P", "show", "qos", qos, "format=GraceTime"],
-                          SCONTROL_WAIT) if qos else None
-        return {"preempt_type": preempt_type, "grace_time_of": f"QOS {qos}",
-                "grace_time": qos_grace_time(text)}
-    return {"preempt_type": preempt_type, "grace_time_of": f"partition {partition}",
+        return {"preempt_type": preempt_type, "grace_time_of": qos and f"QOS {qos}",
+                "grace_time": qos_grace_time(qos_text)}
+    return {"preempt_type": preempt_type, "grace_time_of": partition and f"partition {partition}",
             "grace_time": grace_time(part)}
 
 
@@ -275,6 +279,7 @@ class SchedulerCause:
         if self._task is None:
             return None
         try:
-            return await asyncio.wait_for(self._task, 2 * SCONTROL_WAIT + 0.5)
+            # scontrol, sacct, then the preemption's grace reads (at once): three calls' time
+            return await asyncio.wait_for(self._task, 3 * SCONTROL_WAIT + 0.5)
         except (TimeoutError, OSError):
             return None

@@ -63,6 +63,8 @@ class EarlyStop:
                 # exit, while this thread waits for the CPU again (measured at 32 nodes x 8
                 # ranks on 2 cores: 120 ms); its exit must find it signalled (the loop then
                 # waits for this pass and applies the stop first).
+                # (A signal that finds nothing unmarks it; a loop that read the mark in
+                # between applies the stop before that exit: the verdict is the same.)
                 record.early_stop_at = time.time()
                 if not signal_group(pid, signal.SIGTERM):
                     record.early_stop_at = None

@@ -2,7 +2,7 @@
 
 ProcessGroupNCCL keeps a flight recorder (the last 2,000 collectives by default, with their
 sizes and Python stacks) and writes it to ``<TORCH_NCCL_DEBUG_INFO_TEMP_FILE><rank>``
-(``/tmp/nccl_trace_rank_<rank>`` unless set) when its watchdog times out, and whenever
+(a place every job of the user shares, unless set) when its watchdog times out, and whenever
 something is written to the named pipe ``<TORCH_NCCL_DEBUG_INFO_PIPE_FILE><rank>.pipe`` that
 it creates when that variable is set (torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp,
 ``DumpPipe``; its heartbeat monitor thread reads it, so a rank whose main thread hangs still
@@ -10,13 +10,16 @@ dumps). forgelm-tui, with ``--collective-trace on``:
 
 - gives every rank both variables, under its run dir (``nccl-trace-rank-<rank>``,
   ``nccl-pipe-rank-<rank>.pipe``), unless the user set them (``TORCH_FR_DUMP_TEMP_FILE`` is the
-  newer spelling of the first): each node keeps its ranks' dumps, none in a shared /tmp;
+  newer spelling of the first): each node keeps its ranks' dumps, none in a shared place;
+  the pipe only where a FIFO can be made (engine/spec.fifos_work);
 - at a stall (and when stacks are asked for), writes one byte to the pipe of each rank whose
   pipe is there (a rank without NCCL has none, and a pipe nobody reads is left alone), and the
-  capture waits for those dumps as for the stacks, within the same deadline: the stall's stop
-  comes after them (a rank stopped first might die before its recorder wrote);
+  capture waits for those dumps as for the stacks, within the same deadline (2 s by default):
+  the stall's stop comes after them, or at the deadline (a rank stopped first might die
+  before its recorder wrote; torch reads the pipe about once a second);
 - lists each rank's dump in the envelope (``ranks[].nccl_dump_file``, and after the stacks in
-  ``hang.trace_files``) when one was written after the rank started: the dumps are torch's own
+  ``hang.trace_files``) when one was written after the rank started, at the place the rank was
+  given (ours or the user's; with neither, none is looked for): the dumps are torch's own
   format (a pickle by default), for torch's ``fr_trace`` analyser; nothing here reads them.
 
 Gloo records nothing of this: its ranks never create the pipe. Not run on a GPU yet
@@ -37,14 +40,15 @@ from forgelm_tui.engine.spec import DUMP_STEM, DUMP_VARS, PIPE_STEM, PIPE_VAR, d
 __all__ = ["DUMP_STEM", "DUMP_VARS", "PIPE_STEM", "PIPE_VAR", "dump_env", "dump_file", "places",
            "request", "written"]
 
-TORCH_DEFAULT_DUMP = "/tmp/nccl_trace_rank_"
 SETTLE = 0.1  # a dump is written once its file has not grown for this long
 POLL = 0.02
 
 
-def places(env: Mapping[str, str]) -> tuple[str | None, str]:
-    """The pipe stem and the dump stem of a rank started with ``env`` (each + its rank)."""
-    dump = next((env[var] for var in DUMP_VARS if env.get(var)), TORCH_DEFAULT_DUMP)
+def places(env: Mapping[str, str]) -> tuple[str | None, str | None]:
+    """The pipe stem and the dump stem of a rank started with ``env`` (each + its rank); None
+    where the variable is not set (torch's default place is shared with every other job of
+    the user: a file there is not known to be this rank's)."""
+    dump = next((env[var] for var in DUMP_VARS if env.get(var)), None)
     return env.get(PIPE_VAR) or None, dump
 
 
@@ -55,12 +59,12 @@ def request(pipe_stem: str | None, rank: int) -> bool:
         return False
     path = f"{pipe_stem}{rank}.pipe"
     try:
-        if not stat.S_ISFIFO(os.stat(path).st_mode):
-            return False
-        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)  # ENXIO: no reader
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY)  # ENXIO: no reader
     except OSError:
         return False
-    try:
+    try:  # what was opened, not what the path named a moment before
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return False
         os.write(fd, b"1")
     except OSError:
         return False

@@ -50,14 +50,23 @@ def install(send: Callable[..., Any]) -> bool:
     try:
         handle = open(path, "ab", buffering=0,  # noqa: SIM115 (open as long as the process)
                       opener=lambda name, flags: os.open(name, flags, 0o600))
-        # What faulthandler restores when the interpreter finalizes: ignored, so a capture
-        # that reaches a rank in its last moments (handler gone, process not yet ended) is
-        # not its death by a real-time signal's default action.
-        signal.signal(signum, signal.SIG_IGN)
+    except OSError:
+        return False
+    # What faulthandler restores when the interpreter finalizes: ignored, so a capture that
+    # reaches a rank in its last moments (handler gone, process not yet ended) is not its
+    # death by a real-time signal's default action. Python sets a disposition from the main
+    # thread only: installed from another (the collectives watcher's first message), the
+    # handler goes in without it, as before.
+    ignore = threading.current_thread() is threading.main_thread()
+    try:
+        if ignore:
+            signal.signal(signum, signal.SIG_IGN)
         faulthandler.register(signum, file=handle, all_threads=True, chain=False)
     except (OSError, ValueError, RuntimeError):
-        with contextlib.suppress(OSError, ValueError):
-            signal.signal(signum, before if before is not None else signal.SIG_DFL)
+        if ignore:
+            with contextlib.suppress(OSError, ValueError):
+                signal.signal(signum, before if before is not None else signal.SIG_DFL)
+        handle.close()
         return False
     _file = handle
     send(MessageKind.STACKS_HANDLER, signum=signum, pid=os.getpid(),
