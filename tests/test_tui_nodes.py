@@ -151,6 +151,23 @@ def test_a_stalled_rank_and_the_root_cause_show_under_their_closed_node() -> Non
     assert [r.rank for _, under in groups.group_rows(model, {2}) for r in under] == [4, 5]
 
 
+def test_the_ended_hangs_missing_rank_shows_under_its_closed_node() -> None:
+    """A stall on several nodes: the rank the hang names as never having entered the
+    collective (here on node 3, a row another node sent) shows once the run has ended; the
+    ranks that waited in it do not (every rank is stalled: they would be every row)."""
+    model = _model()
+    model.apply(ev.NodeChanged(3, "d", ev.NodeState.DONE, (
+        _snap(6, 3, RankState.KILLED, sig=signal.SIGTERM, sent=(STOP,)),
+        _snap(7, 3, RankState.KILLED, sig=signal.SIGTERM, sent=(STOP,))), T0))
+    assert not groups.notable(model, model.ranks[7])
+    model.finished({"hang": {"missing_ranks": [7], "waiting_ranks": [0, 1, 2, 3, 4, 5, 6]}})
+    assert model.state == "finished" and model.hang_missing == {7}
+    assert groups.notable(model, model.ranks[7]) and not groups.notable(model, model.ranks[6])
+    assert [r.rank for _, under in groups.group_rows(model, set()) for r in under] == [7]
+    model.finished({"hang": None})
+    assert model.hang_missing == set()
+
+
 def test_a_node_row_counts_states_and_names_the_slowest_and_the_longest_wait() -> None:
     model = _model()
     clock = model.clock

@@ -172,7 +172,7 @@ class SupervisorApp(StacksActions):
     def show_ending(self, ending: RunEnding) -> None:
         self.ending = ending
         self._close_question("The run has ended.")
-        self.model.state = "finished"
+        self.model.finished(ending.envelope)
         self.flush_logs()
         self.refresh_table()
         self.query_one(VerdictPanel).show_verdict(

@@ -134,6 +134,7 @@ class RunModel:
         # ...each one's ranks summed up, as it last said, and when this view got it (its row)
         self.summaries: dict[int, tuple[ev.NodeSummary, float]] = {}
         self.stalled: set[int] = set()  # ranks the stall rule named (shown when grouped)
+        self.hang_missing: set[int] = set()  # the ended run's hang: who never entered it
         self.changed = True
 
     @property
@@ -204,6 +205,15 @@ class RunModel:
                 self.notices.append(text)
             case ev.VerdictReached() as verdict:
                 self.state, self.verdict = "finished", verdict
+
+    def finished(self, envelope: dict[str, object]) -> None:
+        """The run's ending, from its envelope: a stall's hang names the ranks that never
+        entered the collective the others wait in (shown under their node when grouped)."""
+        self.state = "finished"
+        hang = envelope.get("hang")
+        missing = hang.get("missing_ranks") if isinstance(hang, dict) else None
+        self.hang_missing = {r for r in missing or () if isinstance(r, int)}
+        self.changed = True
 
     def restore(self, snapshot: ev.RunSnapshot) -> None:
         """Start from a snapshot: what a viewer that saw every event up to it would show."""

@@ -6,10 +6,11 @@ long its longest-waiting live rank has gone without one, its worst output age, i
 that node sums them up (engine/node_summary.py; a node no view opened sends only that and its
 ranks that need reading: cluster/views.py). A node row opens (enter, or a click) to its ranks'
 rows. A rank that needs reading shows under its node whether the node is open or not: the
-verdict's root cause, a rank the stall rule named, one that failed on its own (not after a
-stop signalled it: that is the stop's collateral, and a stop signals every rank) or that died
-of a signal forgelm-tui did not send. The verdict panel, the log and its search still cover
-every rank. docs/tui.md ("Many ranks").
+verdict's root cause, a rank the stall rule named, one the ended run's hang names as never
+having entered the collective the others wait in (on any node), one that failed on its own
+(not after a stop signalled it: that is the stop's collateral, and a stop signals every rank)
+or that died of a signal forgelm-tui did not send. The verdict panel, the log and its search
+still cover every rank. README.md ("Many ranks").
 
 Pure functions of the model (no Textual); tui/widgets/rank_table.py lays the rows out.
 """
@@ -50,7 +51,7 @@ def notable(model: RunModel, row: RankRow) -> bool:
     """A rank shown under its node even when the node is closed (the module's docstring)."""
     if model.verdict is not None and model.verdict.verdict.root_cause_rank == row.rank:
         return True
-    if row.rank in model.stalled:
+    if row.rank in model.stalled or row.rank in model.hang_missing:
         return True
     stopped = [sig for sig, purpose, _ in row.sent if purpose.stops]
     if row.signal is not None and row.signal not in {sig for sig, _, _ in row.sent}:
