@@ -16,6 +16,7 @@ its handler, and is then not announced. No torch here, and no import of the chan
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import faulthandler
 import os
@@ -56,8 +57,10 @@ def install(send: Callable[..., Any]) -> bool:
     # reaches a rank in its last moments (handler gone, process not yet ended) is not its
     # death by a real-time signal's default action. Python sets a disposition from the main
     # thread only: installed from another (the collectives watcher's first message), the
-    # handler goes in without it, as before.
+    # main thread does it at exit instead (atexit runs there, before faulthandler's end).
     ignore = threading.current_thread() is threading.main_thread()
+    if not ignore:
+        atexit.register(ignore_at_exit, signum)
     try:
         if ignore:
             signal.signal(signum, signal.SIG_IGN)
@@ -72,6 +75,14 @@ def install(send: Callable[..., Any]) -> bool:
     send(MessageKind.STACKS_HANDLER, signum=signum, pid=os.getpid(),
          thread=threading.main_thread().ident, file=path)
     return True
+
+
+def ignore_at_exit(signum: int) -> None:
+    """At the interpreter's exit, for a handler installed from another thread: no more dumps
+    from here, and the signal ignored rather than left to its default action."""
+    with contextlib.suppress(OSError, ValueError, RuntimeError):
+        faulthandler.unregister(signum)  # (it would restore the default at its own end)
+        signal.signal(signum, signal.SIG_IGN)
 
 
 def reserved_signal() -> int | None:
