@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from forgelm_tui.engine import nccl_dump
-from forgelm_tui.engine.spec import LaunchSpec, rank_env
+from forgelm_tui.engine.spec import DUMP_VARS, PIPE_VAR, LaunchSpec, rank_env
 from forgelm_tui.rank.collectives import COLLECTIVES_ENV
 
 pytestmark = pytest.mark.timeout(30)
@@ -29,7 +29,7 @@ def spec(tmp_path: Path, trace: bool, style: str = "torchrun") -> LaunchSpec:
 @pytest.mark.parametrize("style", ["torchrun", "deepspeed"])
 def test_with_the_trace_each_rank_dumps_into_its_run_dir(tmp_path: Path, style: str) -> None:
     env = rank_env(spec(tmp_path, True, style), 0, {})
-    assert env[nccl_dump.PIPE_VAR] == str(tmp_path / "nccl-pipe-rank-")
+    assert env[PIPE_VAR] == str(tmp_path / "nccl-pipe-rank-")
     assert env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == str(tmp_path / "nccl-trace-rank-")
     assert "TORCH_FR_DUMP_TEMP_FILE" not in env
 
@@ -48,7 +48,7 @@ def test_no_pipe_where_no_fifo_can_be_made(tmp_path: Path,
     spec_module.fifos_work.cache_clear()
     try:
         env = rank_env(spec(tmp_path, True), 0, {})
-        assert nccl_dump.PIPE_VAR not in env
+        assert PIPE_VAR not in env
         assert env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == str(tmp_path / "nccl-trace-rank-")
     finally:
         monkeypatch.undo()
@@ -60,17 +60,17 @@ def test_no_pipe_where_no_fifo_can_be_made(tmp_path: Path,
 def test_without_the_trace_or_for_one_process_nothing_is_set(tmp_path: Path) -> None:
     for env in (rank_env(spec(tmp_path, False), 0, {}),
                 rank_env(spec(tmp_path, True, "single"), 0, {})):
-        assert nccl_dump.PIPE_VAR not in env and "TORCH_NCCL_DEBUG_INFO_TEMP_FILE" not in env
+        assert PIPE_VAR not in env and "TORCH_NCCL_DEBUG_INFO_TEMP_FILE" not in env
 
 
 @pytest.mark.parametrize("own", [{"TORCH_FR_DUMP_TEMP_FILE": "/data/fr_"},
                                  {"TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/data/fr_"}])
 def test_the_users_own_places_win(tmp_path: Path, own: dict[str, str]) -> None:
-    base = {**own, nccl_dump.PIPE_VAR: "/data/pipe_"}
+    base = {**own, PIPE_VAR: "/data/pipe_"}
     env = rank_env(spec(tmp_path, True), 0, base)
-    assert env[nccl_dump.PIPE_VAR] == "/data/pipe_"
-    assert {k: env.get(k) for k in nccl_dump.DUMP_VARS} == {
-        k: own.get(k) for k in nccl_dump.DUMP_VARS}
+    assert env[PIPE_VAR] == "/data/pipe_"
+    assert {k: env.get(k) for k in DUMP_VARS} == {
+        k: own.get(k) for k in DUMP_VARS}
     assert nccl_dump.places(env) == ("/data/pipe_", "/data/fr_")
 
 

@@ -34,11 +34,8 @@ import stat
 import time
 from collections.abc import Mapping, Sequence
 
-# (the spec gives the ranks these places: the launch spec imports no process code)
-from forgelm_tui.engine.spec import DUMP_STEM, DUMP_VARS, PIPE_STEM, PIPE_VAR, dump_env
-
-__all__ = ["DUMP_STEM", "DUMP_VARS", "PIPE_STEM", "PIPE_VAR", "dump_env", "dump_file", "places",
-           "request", "written"]
+# (the spec gives the ranks these places, dump_env: the launch spec imports no process code)
+from forgelm_tui.engine.spec import DUMP_VARS, PIPE_VAR
 
 SETTLE = 0.1  # a dump is written once its file has not grown for this long
 POLL = 0.02
@@ -79,12 +76,7 @@ def dump_file(dump_stem: str | None, rank: int, since: float | None) -> str | No
     if dump_stem is None:
         return None
     path = f"{dump_stem}{rank}"
-    try:
-        info = os.stat(path)
-    except OSError:
-        return None
-    fresh = since is None or info.st_mtime >= since - 0.05
-    return path if info.st_size > 0 and stat.S_ISREG(info.st_mode) and fresh else None
+    return path if _fresh_size(path, since) > 0 else None
 
 
 async def written(dumps: Sequence[tuple[str, int]], since: float, until: float) -> None:
@@ -96,16 +88,19 @@ async def written(dumps: Sequence[tuple[str, int]], since: float, until: float) 
         await asyncio.sleep(POLL)
         now = time.monotonic()
         for stem, rank in list(left):
-            path = dump_file(stem, rank, since)
-            size = _size(path) if path else -1
+            size = _fresh_size(f"{stem}{rank}", since)
             if sizes.get(rank, (None, 0.0))[0] != size:
                 sizes[rank] = (size, now)
             elif size > 0 and now - sizes[rank][1] >= SETTLE:
                 left.remove((stem, rank))
 
 
-def _size(path: str) -> int:
+def _fresh_size(path: str, since: float | None) -> int:
+    """The size of the regular file at ``path`` written since ``since``; -1 for anything
+    else (none, older, not a file)."""
     try:
-        return os.stat(path).st_size
+        info = os.stat(path)
     except OSError:
         return -1
+    fresh = since is None or info.st_mtime >= since - 0.05
+    return info.st_size if stat.S_ISREG(info.st_mode) and fresh else -1
