@@ -193,6 +193,19 @@ def can_unshare() -> bool:
 needs_pid_namespace = pytest.mark.skipif(not can_unshare(), reason="needs root (unshare --pid)")
 
 
+def read_proc(pid: int, name: str) -> str:
+    """/proc/<pid>/<name>, or "" when the process is gone (reaped since it was listed)."""
+    try:
+        return Path(f"/proc/{pid}/{name}").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return ""
+
+
+def children(pid: int) -> list[int]:
+    return [int(child) for task in Path(f"/proc/{pid}/task").glob("*")
+            for child in read_proc(pid, f"task/{task.name}/children").split()]
+
+
 class Pid1:
     """``unshare --pid --fork --mount-proc forgelm-tui ...``: forgelm-tui as PID 1 of a PID
     namespace (a container's entrypoint), seen from here by its host pid."""
@@ -206,22 +219,20 @@ class Pid1:
         self.pid = wait_for(self._find, 30, "forgelm-tui as PID 1")
 
     def _find(self) -> int | None:
-        for child in Path(f"/proc/{self.proc.pid}/task").glob("*/children"):
-            for pid in child.read_text().split():
-                status = Path(f"/proc/{pid}/status").read_text()
-                nspid = next(line for line in status.splitlines() if line.startswith("NSpid"))
-                if nspid.split()[-1] == "1":
-                    return int(pid)
+        for pid in children(self.proc.pid):
+            status = read_proc(pid, "status")
+            nspid = [line for line in status.splitlines() if line.startswith("NSpid")]
+            if nspid and nspid[0].split()[-1] == "1":
+                return pid
         return None
 
     def zombies(self) -> list[int]:
         """Its children that ended and were not reaped."""
         found = []
-        for child in Path(f"/proc/{self.pid}/task").glob("*/children"):
-            for pid in child.read_text().split():
-                stat = Path(f"/proc/{pid}/stat").read_text()
-                if stat.rsplit(")", 1)[1].split()[0] == "Z":
-                    found.append(int(pid))
+        for pid in children(self.pid):
+            stat = read_proc(pid, "stat")  # "" once reaped between the listing and the read
+            if ")" in stat and stat.rsplit(")", 1)[1].split()[0] == "Z":
+                found.append(pid)
         return found
 
     def namespace_empty(self) -> bool:
