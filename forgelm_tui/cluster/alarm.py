@@ -1,5 +1,5 @@
 """The stop alarm: a node's SIGTERM pass one round trip after another node's stop is
-published (issue 23; docs/multinode.md "Fan-out").
+published (issue 23; docs/multinode.md, "One stop").
 
 The inbox reads a broadcast in two round trips to node 0's store (``get`` waits for the key,
 then asks for its value): measured at 32 nodes x 8 ranks on 2 cores, every node's wait ended
