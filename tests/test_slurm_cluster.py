@@ -15,6 +15,7 @@ import os
 import subprocess
 import time
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -68,11 +69,20 @@ def one_stop_request(envelope: dict[str, Any]) -> None:
                        for s in rank["signals_sent"]), rank["signals_sent"]
 
 
+def _told(rank: dict[str, Any]) -> str:
+    """A rank's record and the end of its stderr, for a failure's message (where it was)."""
+    try:
+        tail = Path(rank["stderr_log"]).read_text(errors="replace")[-4000:]
+    except (KeyError, OSError) as exc:
+        tail = f"(no stderr log: {exc})"
+    return f"{rank}\n--- its stderr, last 4000 characters ---\n{tail}"
+
+
 def forgelm_stopped_mid_training(job: Job) -> None:
     """Every rank of the real ForgeLM was training when the limit came, caught the stop (the
     graceful runner), and finished ForgeLM's cleanup: ``pipeline.failed`` in the audit log and
     its JSON result (both nodes share the output directory, as nodes on a shared filesystem
-    do). Then it exits 2; on this 2-core machine, with every job's limit falling at once, the
+    do). Then it exits 2; on this 2-core machine, with the suite running beside it, the
     interpreter's teardown (~1.5 s of CPU per ForgeLM rank, mostly its final garbage
     collections) may outlast the 5 s grace (KillWait 10 s), and the grace's SIGKILL ends it
     after its cleanup: the envelope says which."""
@@ -84,7 +94,8 @@ def forgelm_stopped_mid_training(job: Job) -> None:
         for rank in envelope["ranks"]:
             # "stopped by SIGTERM", or the failed collective of a rank that a peer, stopped a
             # few ms earlier, left (docs/rank-helpers.md): ForgeLM's cleanup ran either way
-            assert rank["forgelm_result"]["success"] is False, rank
+            result = rank["forgelm_result"]
+            assert result is not None and result["success"] is False, _told(rank)
             kill = [s for s in rank["signals_sent"] if s["purpose"] == "kill"]
             assert rank["exit_code"] == 2 or (
                 rank["signal"] == "SIGKILL" and [s["reason"] for s in kill]
