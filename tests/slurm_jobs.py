@@ -80,11 +80,8 @@ def scenarios(marks: Callable[[str], Path], root: Path, qos: bool = False) -> li
         Scenario("time_limit_runner",
                  ["--graceful", rank_script("term_burst.py"), str(marks("time_limit_runner")),
                   "2", "-", "--runner", "--gloo"], ["--time=3", "--signal=USR1@40"]),
-        # ForgeLM mode: the real ForgeLM, training when the limit comes. --time=4: its limit
-        # falls a minute after the two above (each node's 2 ForgeLM ranks need ~1.5 s of CPU
-        # each to wind down; with three jobs' limits and the suite at once on 2 cores, a node's
-        # ranks once had not finished ForgeLM's cleanup when the 5 s grace ran out)
-        Scenario("time_limit_forgelm", ["--config", str(config)], ["--time=4"], forgelm_env),
+        # ForgeLM mode: the real ForgeLM, training when the limit comes
+        Scenario("time_limit_forgelm", ["--config", str(config)], ["--time=3"], forgelm_env),
         Scenario("sigkill_node", ["--node-timeout", str(NODE_TIMEOUT), *loop,
                                   str(marks("sigkill_node"))]),
         # the only job of the preemptible partition, holding 14 of each node's 28 CPUs: the
