@@ -85,13 +85,17 @@ def ready_pids_or_files(marks: Path, ranks: int = 2) -> None:
 
 
 @pytest.mark.timeout(120)
-def test_a_stopped_gloo_rank_frees_the_peer_waiting_on_it(tmp_path: Path, marks: Path) -> None:
+@pytest.mark.parametrize("held", ["plain", "ddp"])
+def test_a_stopped_gloo_rank_frees_the_peer_waiting_on_it(tmp_path: Path, marks: Path,
+                                                          held: str) -> None:
     """Rank 1 stops first: it leaves the process group, so rank 0, waiting in an all_reduce rank
     1 will never enter, fails at once into its own cleanup, not when rank 1's process ends
     (after its cleanup: a hang until the grace's SIGKILL). Rank 0's own SIGTERM then comes in
-    the middle of that cleanup and is raised only after it, in the loop."""
+    the middle of that cleanup and is raised only after it, in the loop. With a DDP model
+    holding the group (``ddp``: destroying it closes nothing), rank 1 shuts its connections
+    down itself."""
     run = start(["--nproc-per-node", "2", "--graceful", rank_script("peer_left.py"),
-                 str(marks)], tmp_path)
+                 str(marks)] + (["ddp"] if held == "ddp" else []), tmp_path)
     pids = [int(p) for p in wait_for(
         lambda: [(marks / f"ready-{r}").read_text() for r in range(2)]
         if all((marks / f"ready-{r}").exists() for r in range(2)) else None,

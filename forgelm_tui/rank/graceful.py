@@ -22,13 +22,14 @@ Ranks of one job receive a stop at different moments (another node's scheduler s
 of ms later), and a rank that left its training loop never enters the next collective: a gloo
 peer already waiting in it would wait until this rank's process ends, its cleanup included, and
 the grace's SIGKILL takes it first. So on the first SIGTERM a gloo rank leaves its process
-groups (``destroy_process_group``): a peer waiting on it fails at once ("Connection closed by
-peer"), its own ``except`` cleanup runs, and the SIGTERM that reaches it there is not raised a
-second time into that cleanup: while the program is handling an exception, the stop waits until
-it is not (re-checked every 0.1 s) or the program ends. Cleanup code under the runner cannot use
-collectives (the peers stop at different points; it never could safely). NCCL groups are left
-alone: their collectives do not hold the Python thread, and destroying a communicator with work
-in flight can itself hang.
+groups (``destroy_process_group``, and it shuts down the connections those groups opened, which
+a DDP model would keep open: ``rank.leave``): a peer waiting on it fails at once ("Connection
+closed by peer"), its own ``except`` cleanup runs, and the SIGTERM that reaches it there is not
+raised a second time into that cleanup: while the program is handling an exception, the stop
+waits until it is not (re-checked every 0.1 s) or the program ends. Cleanup code under the
+runner cannot use collectives (the peers stop at different points; it never could safely). NCCL
+groups are left alone: their collectives do not hold the Python thread, and destroying a
+communicator with work in flight can itself hang.
 
 Under forgelm-tui the runner also gives every HF ``Trainer`` the program builds a progress
 callback (``trainer_hook``): steps and heartbeats on the channel, so ForgeLM's evaluation and
@@ -40,7 +41,6 @@ as ``rank.observed`` does for ranks not run graceful).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import sys
@@ -48,7 +48,7 @@ import threading
 from types import FrameType
 
 from forgelm_tui.channel import MessageKind
-from forgelm_tui.rank import collectives, program, stacks, trainer_hook
+from forgelm_tui.rank import collectives, leave, program, stacks, trainer_hook
 from forgelm_tui.rank.channel import default_channel
 
 
@@ -78,7 +78,7 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
             _raise_unless_cleaning_up()
         return
     _stop.requested = True
-    _leave_collectives()
+    leave.leave()
     default_channel().send(MessageKind.STOP_REQUESTED, signal="SIGTERM", via="graceful")
     _raise_unless_cleaning_up()
 
@@ -104,16 +104,6 @@ def _redeliver() -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _leave_collectives() -> None:
-    """Destroy this rank's gloo process groups, so no peer waits on it in a collective."""
-    dist = sys.modules.get("torch.distributed")
-    if dist is None:
-        return
-    with contextlib.suppress(Exception):  # best effort: the stop goes on regardless
-        if dist.is_available() and dist.is_initialized() and dist.get_backend() == "gloo":
-            dist.destroy_process_group()
-
-
 def _die_of_sigterm() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
@@ -127,6 +117,7 @@ def main(argv: list[str]) -> None:
     signal.signal(signal.SIGTERM, _on_sigterm)
     stacks.install(default_channel().send)  # where it is stuck, on the supervisor's request
     trainer_hook.install()
+    leave.install()  # which sockets gloo groups open, to close them when the rank leaves
     collectives.install(default_channel().send)  # progress from its collectives
     try:
         program.run(argv)

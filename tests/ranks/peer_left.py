@@ -4,8 +4,11 @@ SIGTERM to rank 1 alone: leaving its process group, it must free rank 0 at once 
 ``except`` sees the failed collective while rank 1 is still in its cleanup). Then SIGTERM to
 rank 0 in the middle of that cleanup: it must not be raised there, but in the loop after it.
 Each cleanup waits for MARKS/release, which the test writes once it has seen what it needs.
+With ``ddp``, both ranks hold a DistributedDataParallel model (its reducer keeps the group, and
+so its connections, alive after ``destroy_process_group``) and rank 0 waits in DDP's gradient
+all_reduce, inside ``backward``.
 
-argv: MARKS
+argv: MARKS [ddp]
 """
 
 import os
@@ -16,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 marks = sys.argv[1]
+ddp = sys.argv[2:] == ["ddp"]
 rank = int(os.environ["RANK"])
 
 
@@ -35,10 +39,16 @@ def cleanup() -> None:
 dist.init_process_group("gloo")
 value = torch.ones(1)
 dist.all_reduce(value)
+if ddp:
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4))
+    model(torch.ones(2, 4)).sum().backward()  # together once: the reducer is built
 if rank == 0:
     mark("ready", str(os.getpid()))
     try:
-        dist.all_reduce(value)  # rank 1 never comes
+        if ddp:
+            model(torch.ones(2, 4)).sum().backward()  # its all_reduce: rank 1 never comes
+        else:
+            dist.all_reduce(value)  # rank 1 never comes
     except Exception as exc:
         mark("caught", f"{type(exc).__name__}: {exc}")
         cleanup()  # the SIGTERM the test sends now waits for the end of this
