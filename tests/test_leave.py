@@ -41,6 +41,15 @@ def test_shuts_down_the_named_connections_only_and_never_a_listener() -> None:
                 sock.close()
 
 
+def test_a_unix_socket_is_never_shut_down() -> None:
+    one, two = socket.socketpair()
+    with one, two:
+        assert leave.shut_down({inode(one)}) == 0
+        one.sendall(b"x")
+        two.settimeout(5)
+        assert two.recv(1) == b"x"
+
+
 def test_a_gone_socket_and_an_empty_set_shut_nothing() -> None:
     sock = socket.socket()
     gone = inode(sock)

@@ -97,7 +97,8 @@ def socket_inodes() -> dict[int, int]:
 
 
 def shut_down(inodes: set[int]) -> int:
-    """Shut down the connected sockets among ``inodes`` (never a listening one); how many."""
+    """Shut down the connected TCP sockets among ``inodes`` (never a listening one, nor one of
+    another kind that appeared meanwhile: the channel's); how many."""
     count = 0
     for inode, fd in socket_inodes().items():
         if inode not in inodes:
@@ -105,7 +106,8 @@ def shut_down(inodes: set[int]) -> int:
         with contextlib.suppress(OSError):
             own = os.dup(fd)  # gloo may close fd meanwhile: checked by inode below
             with socket.socket(fileno=own) as sock:
-                if os.fstat(own).st_ino != inode:
+                if os.fstat(own).st_ino != inode or sock.type != socket.SOCK_STREAM or \
+                        sock.family not in (socket.AF_INET, socket.AF_INET6):
                     continue
                 sock.getpeername()  # a listening socket has no peer: OSError, left alone
                 sock.shutdown(socket.SHUT_RDWR)
