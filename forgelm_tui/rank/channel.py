@@ -2,16 +2,25 @@
 
 No torch here. The supervisor names the channel in ``FORGELM_TUI_CHANNEL`` (an abstract Unix
 datagram socket, ``@name``); outside forgelm-tui the variable is unset and every call is a
-no-op. Sends never block and never raise: a full or absent supervisor only loses the message.
+no-op. Sends never block and never raise. The supervisor's queue holds 10 datagrams
+(``net.unix.max_dgram_qlen``): a supervisor busy for a moment on a loaded machine fills it,
+and a message sent then is kept, not lost: it goes out, in order, before the next message, and
+at the process's exit the rest is tried for up to ``EXIT_FLUSH_S``. Of the kinds that state
+where the rank is (progress, heartbeat, collective counts) only the newest waits, so a rank's
+last step reaches the envelope whatever was dropped on the way (a CI run saw step 18 of 20).
+At most ``MAX_PENDING`` wait; an absent supervisor (nobody at the address) drops them all.
 The messages are defined in ``forgelm_tui.channel`` (docs/channel.md). The first message a
 process sends installs the stacks handler (``rank.stacks``) and announces it first.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import socket
 import time
+from collections import deque
 from typing import Any
 
 from forgelm_tui.channel import CHANNEL_ENV, MessageKind, encode, socket_address
@@ -20,6 +29,11 @@ from forgelm_tui.rank.stacks import install as install_stacks
 __all__ = ["CHANNEL_ENV", "Channel", "Heartbeats", "MessageKind", "default_channel",
            "heartbeat", "report_progress"]
 
+NEWEST_ONLY = frozenset({MessageKind.PROGRESS, MessageKind.HEARTBEAT, MessageKind.COLLECTIVES})
+MAX_PENDING = 64
+EXIT_FLUSH_S = 0.5  # at exit, how long what still waits is tried (only when something waits)
+_FULL = (errno.EAGAIN, errno.EWOULDBLOCK, errno.ENOBUFS)
+
 
 class Channel:
     def __init__(self, address: str | None = None) -> None:
@@ -27,6 +41,8 @@ class Channel:
         self._address = socket_address(name) if name else None
         self._sock: socket.socket | None = None
         self.rank = int(os.environ.get("RANK", "0"))
+        self._pending: deque[tuple[MessageKind, bytes]] = deque()
+        self._flush_at_exit = False
 
     @property
     def enabled(self) -> bool:
@@ -36,14 +52,48 @@ class Channel:
         if self._address is None:
             return
         install_stacks(self.send)  # the first message: announce the stacks handler before it
-        data = encode(self.rank, kind, **fields)
-        try:
-            if self._sock is None:
-                self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
-                self._sock.setblocking(False)
-            self._sock.sendto(data, self._address)
-        except OSError:
-            pass  # no supervisor listening, or its queue is full: progress is best effort
+        pending = self._pending  # one deque for good: another thread may be sending from it
+        for older in [p for p in pending if p[0] is kind] if kind in NEWEST_ONLY else []:
+            with contextlib.suppress(ValueError):
+                pending.remove(older)
+        if len(pending) >= MAX_PENDING:
+            with contextlib.suppress(IndexError):
+                pending.popleft()
+        pending.append((kind, encode(self.rank, kind, **fields)))
+        self.flush()
+
+    def flush(self) -> bool:
+        """Send what waits, in order; True when nothing waits any more."""
+        pending, address = self._pending, self._address
+        while pending and address is not None:
+            try:
+                if self._sock is None:
+                    self._sock = socket.socket(socket.AF_UNIX,
+                                               socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+                    self._sock.setblocking(False)
+                self._sock.sendto(pending[0][1], address)
+            except OSError as exc:
+                if exc.errno not in _FULL:  # nobody listens: best effort, nothing is kept
+                    pending.clear()
+                    return True
+                if not self._flush_at_exit:
+                    import atexit
+
+                    self._flush_at_exit = True
+                    atexit.register(self.flush_until, EXIT_FLUSH_S)
+                return False
+            with contextlib.suppress(IndexError):  # another thread sent it and removed it
+                pending.popleft()
+        return True
+
+    def flush_until(self, seconds: float) -> bool:
+        """At exit: try what still waits for up to ``seconds``."""
+        deadline = time.monotonic() + seconds
+        while not self.flush():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+        return True
 
     def progress(self, step: int, total: int | None = None,
                  metrics: dict[str, float] | None = None) -> None:
