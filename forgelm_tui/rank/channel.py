@@ -63,27 +63,33 @@ class Channel:
         self.flush()
 
     def flush(self) -> bool:
-        """Send what waits, in order; True when nothing waits any more."""
+        """Send what waits, in order; True when nothing waits any more. Each message is taken
+        out before it is sent and put back if refused: a send from a signal handler in the
+        middle of this one may change the order, never lose or repeat a message."""
         pending, address = self._pending, self._address
-        while pending and address is not None:
+        while address is not None:
+            try:
+                message = pending.popleft()
+            except IndexError:
+                return True
             try:
                 if self._sock is None:
                     self._sock = socket.socket(socket.AF_UNIX,
                                                socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
                     self._sock.setblocking(False)
-                self._sock.sendto(pending[0][1], address)
+                self._sock.sendto(message[1], address)
             except OSError as exc:
                 if exc.errno not in _FULL:  # nobody listens: best effort, nothing is kept
                     pending.clear()
                     return True
+                pending.appendleft(message)
                 if not self._flush_at_exit:
                     import atexit
 
                     self._flush_at_exit = True
                     atexit.register(self.flush_until, EXIT_FLUSH_S)
                 return False
-            with contextlib.suppress(IndexError):  # another thread sent it and removed it
-                pending.popleft()
+        pending.clear()
         return True
 
     def flush_until(self, seconds: float) -> bool:
