@@ -14,7 +14,6 @@ Listener = Callable[[ev.Event], None]
 class Fanout:
     def __init__(self, on_error: Callable[[Exception, Listener], None]) -> None:
         self.listeners: list[Listener] = []
-        self.urgent: list[Listener] = []  # given every held event before the others get any
         self.held: list[ev.Event] | None = None
         self._on_error = on_error
 
@@ -22,10 +21,7 @@ class Fanout:
         if self.held is not None:
             self.held.append(event)
             return
-        self._deliver(event, self.urgent + self.listeners)
-
-    def _deliver(self, event: ev.Event, listeners: list[Listener]) -> None:
-        for listener in listeners:
+        for listener in self.listeners:
             try:
                 listener(event)
             except Exception as exc:  # a view's bug: recorded, the ranks stopped, never a hang
@@ -43,6 +39,5 @@ class Fanout:
             yield self.held
         finally:
             held, self.held = self.held, None
-            for listeners in (self.urgent, self.listeners):  # a stop's broadcast before views
-                for event in held:
-                    self._deliver(event, listeners)
+            for event in held:
+                self.emit(event)
