@@ -157,8 +157,12 @@ def test_scheduler_sigterm_to_every_supervisor_is_one_stop_a_second_kills(
     nodes = start_nodes(2, [SLEEPER, str(marks), "--ignore-term", "0"], tmp_path,
                         common=["--grace", "60"])
     pids = ready_pids(marks, 2)
-    for node in nodes:
-        node.proc.send_signal(signal.SIGTERM)
+    # At once: a test's two kill() calls are apart by as long as the test process is kept off
+    # the CPU (on a loaded machine, long enough for node 0's stop to end node 1's rank before
+    # node 1's SIGTERM is even sent). Stopped, both get their SIGTERM before either acts.
+    for sig in (signal.SIGSTOP, signal.SIGTERM, signal.SIGCONT):
+        for node in nodes:
+            node.proc.send_signal(sig)
     got_sigterm(marks, 2)
 
     def second_signal_killed_rank0() -> bool:  # again if the kernel made the two signals one
