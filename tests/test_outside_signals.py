@@ -1,21 +1,28 @@
 """Signals from outside (SPEC §10), in-process on an injected clock: who sent a repeat decides
 whether it is the same request, and a rank's death of the scheduler's own signal is part of
-the outside stop. The real inbox (sigwaitinfo, si_pid) is proven at the bottom, and with the
+the outside stop. The real inbox (a signalfd, ssi_pid) is proven at the bottom, and with the
 whole CLI in tests/test_scheduler_signals.py."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import time
+from pathlib import Path
 
 import pytest
 from policy_harness import INT, KILL, TERM, harness
 
+from forgelm_tui.engine import signal_inbox
+from forgelm_tui.engine import supervisor as supervisor_module
 from forgelm_tui.engine.records import CancelSource
 from forgelm_tui.engine.signal_inbox import SI_KERNEL, SI_USER, Sender, SenderKind, classify
+from forgelm_tui.engine.spec import LaunchSpec
+from forgelm_tui.engine.supervisor import Supervisor
 from forgelm_tui.verdict import Contract, StopFacts, StopKind, decide
 
 pytestmark = pytest.mark.timeout(30)
@@ -240,3 +247,86 @@ def test_the_inbox_names_the_sender_and_leaves_signals_as_they_were() -> None:
     senders = [line for line in lines if line.startswith("sender")]
     # The kernel merges a pending SIGTERM with the next: one or two arrive, each named.
     assert senders in ([f"sender {os.getpid()} process 0"] * n for n in (1, 2)), lines
+
+
+UNREAD_PROGRAM = textwrap.dedent("""
+    import asyncio, os, signal, time
+    from forgelm_tui.engine import signal_inbox
+
+    assert signal_inbox.start((signal.SIGUSR2,))
+    async def main():
+        loop = asyncio.get_running_loop()
+        got = []
+        assert signal_inbox.route(signal.SIGUSR2, loop, got.append)
+        assert not signal_inbox.unread()
+        missed = 0
+        for i in range(300):
+            os.kill(os.getpid(), signal.SIGUSR2)  # pending (blocked everywhere) on return
+            missed += not signal_inbox.unread()
+            deadline = time.monotonic() + 10
+            while len(got) < i + 1:  # one at a time: never merged with the next
+                assert time.monotonic() < deadline, "the signal never reached its route"
+                await asyncio.sleep(0.001)
+            missed += signal_inbox.unread()  # its callback ran: nothing waits
+        print("missed", missed, "got", len(got), {s.pid for s in got}, flush=True)
+    asyncio.run(main())
+""")
+
+
+def test_a_signal_sent_before_unread_is_seen_by_it_until_its_callback_ran() -> None:
+    """Whether the inbox's thread has read it (posted, not run) or not (still in the
+    signalfd: read then): a signal received is never in nobody's hands (the end of a node's
+    ranks waits on this before its outcome goes out)."""
+    proc = subprocess.Popen([sys.executable, "-c", UNREAD_PROGRAM], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    out, err = proc.communicate(timeout=25)
+    assert proc.returncode == 0, err
+    assert out.split() == ["missed", "0", "got", "300", f"{{{proc.pid}}}"], out
+
+
+# ------------------------------------------------- the end of a node's ranks waits for them
+
+QUICK = (sys.executable, "-c", "pass")
+
+
+def quick_supervisor(tmp_path: Path) -> Supervisor:
+    spec = LaunchSpec(argv=QUICK, run_id="r", run_dir=tmp_path, nproc_per_node=2,
+                      master_addr="127.0.0.1", master_port=29999, grace=5.0, cwd=tmp_path)
+    return Supervisor(spec, base_env={})
+
+
+async def test_a_signal_received_before_the_ranks_end_is_in_the_nodes_outcome(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node's SIGTERM read (posted to the loop) but not acted on yet when its ranks are
+    over: the node's outcome goes out (``local_done``) only after its cancel is recorded (the
+    agreed envelope lists every node's request; found with the stop alarm, issue 23)."""
+    sup = quick_supervisor(tmp_path)
+    posted: list[str] = []
+
+    def run_it() -> None:
+        posted.append("ran")
+        sup.signalled(signal.SIGTERM, None)
+
+    def unread() -> bool:  # the inbox's thread posted SIGTERM just before the ranks ended
+        if not posted:
+            posted.append("posted")
+            asyncio.get_running_loop().call_soon(run_it)
+        return posted[-1] != "ran"  # as the inbox: True until its callback ran
+
+    monkeypatch.setattr(signal_inbox, "unread", unread)
+    seen: list[list[str]] = []
+    sup.hooks.local_done = lambda: seen.append([c.effect for c in sup.cancels])
+    await asyncio.wait_for(sup.run(), 30)
+    assert seen == [["stop"]]  # after the cancel, once (the ranks had ended: nothing to stop)
+
+
+async def test_a_flood_of_signals_delays_the_end_a_bounded_time(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sup = quick_supervisor(tmp_path)
+    monkeypatch.setattr(signal_inbox, "unread", lambda: True)  # never settles
+    monkeypatch.setattr(supervisor_module, "SIGNALS_WAIT", 0.3)
+    done: list[float] = []
+    sup.hooks.local_done = lambda: done.append(time.monotonic())
+    await asyncio.wait_for(sup.run(), 30)
+    last = max(r.ended_mono or 0.0 for r in sup.records.values())
+    assert len(done) == 1 and done[0] >= last + 0.3

@@ -111,6 +111,14 @@ class StopPolicy:
     def live(self) -> list[RankRecord]:
         return [r for r in self.records.values() if r.alive]
 
+    def stopping_event(self) -> ev.RunStopping | None:
+        """The stop under way, as a view that comes late is told it (a snapshot)."""
+        stop = self.stop
+        if stop is None:
+            return None
+        live = tuple(r.rank for r in self.live())
+        return ev.RunStopping(stop.kind, stop.reason, stop.origin, stop.grace, live, stop.at)
+
     # ------------------------------------------------------------------ facts
 
     def rank_ended(self, record: RankRecord) -> None:

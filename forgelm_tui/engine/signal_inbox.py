@@ -1,9 +1,9 @@
 """Who sent a signal to the supervisor: ``si_pid``, ``si_uid``, ``si_code`` (SPEC §10).
 
 Python's signal handlers get only the number. To know the sender, the signals the supervisor
-handles are blocked in every thread and taken by one thread with ``sigwaitinfo``, which returns
-the sender. A signal with a route (:func:`route`: a callback on an event loop) goes there with
-its sender, ``call_soon_threadsafe``. Any other is given back to the process the ordinary way:
+handles are blocked in every thread and read, with their sender, from a ``signalfd`` by one
+thread. A signal with a route (:func:`route`: a callback on an event loop) goes there with its
+sender, ``call_soon_threadsafe``. Any other is given back to the process the ordinary way:
 the thread unblocks it for itself alone, sends it to itself (``pthread_kill``) and blocks it
 again, so its handler, default or ignore disposition acts exactly as without the inbox (a
 SIG_DFL SIGTERM after the run still ends the process).
@@ -19,6 +19,14 @@ A signal that comes before its first route (the CLI blocks the usual ones at its
 :func:`hold_early`, while it plans and before the run installs its handlers) waits for that
 route; one that comes after its route was removed (the run is over) goes the ordinary way.
 
+Nothing received is left unread (:func:`unread`): the thread waits for the descriptor to be
+readable, which takes nothing, and reads it under the inbox's lock, posting what it read before
+it lets go; so a signal sent before a call of :func:`unread` on the loop's thread is, at that
+call, either still in the descriptor (the call reads and posts it) or posted and not run yet
+(counted). ``sigwaitinfo`` could not tell: the signal it took is in no one's hands until its
+thread gets the GIL back (a node's ranks ended and its outcome went out while its own SIGTERM,
+sent before, waited there: issue 23, the stop alarm).
+
 SIGCONT is never taken here: slurmstepd's SIGTERM, SIGCONT, SIGTERM burst is two SIGTERMs (or
 one: the kernel merges a signal still pending with its repeat).
 """
@@ -27,8 +35,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import os
+import select
 import signal
+import struct
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -98,6 +109,46 @@ def _comm(pid: int) -> str | None:
 
 Route = tuple[asyncio.AbstractEventLoop, Callable[[Sender], None]]
 
+_SFD_NONBLOCK, _SFD_CLOEXEC = os.O_NONBLOCK, os.O_CLOEXEC  # signalfd(2): the same values
+_SIGINFO = 128  # sizeof(struct signalfd_siginfo)
+_HEAD = struct.Struct("=IiiII")  # ssi_signo, ssi_errno, ssi_code, ssi_pid, ssi_uid
+
+
+def _signalfd(signals: Iterable[int]) -> int | None:
+    """A non-blocking signalfd for ``signals`` (blocked already); None where there is none."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        mask = ctypes.create_string_buffer(128)  # sigset_t: 1024 bits
+        libc.sigemptyset(mask)
+        for sig in signals:
+            libc.sigaddset(mask, sig)
+        fd = int(libc.signalfd(-1, mask, _SFD_NONBLOCK | _SFD_CLOEXEC))
+    except (OSError, AttributeError):
+        return None
+    return fd if fd >= 0 else None
+
+
+def _read_all(fd: int) -> list[tuple[int, int, int, int]]:
+    """Every signal waiting in the signalfd now: (signo, code, pid, uid) each."""
+    got: list[tuple[int, int, int, int]] = []
+    while True:
+        try:
+            data = os.read(fd, _SIGINFO * 16)
+        except BlockingIOError:
+            return got
+        for at in range(0, len(data) - _SIGINFO + 1, _SIGINFO):
+            signo, _errno, code, pid, uid = _HEAD.unpack_from(data, at)
+            got.append((signo, code, pid, uid))
+
+
+def _deliver(signo: int) -> None:
+    """The ordinary delivery, to the calling thread alone: its handler (or default) now."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signo})
+    try:
+        signal.pthread_kill(threading.get_ident(), signo)
+    finally:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signo})
+
 
 class _Inbox:
     def __init__(self) -> None:
@@ -108,6 +159,9 @@ class _Inbox:
         self.routed: set[int] = set()  # had a route once: after it, the ordinary way
         self.lock = threading.Lock()
         self.thread: threading.Thread | None = None
+        self.fd: int | None = None
+        self.posted = 0  # routed callbacks posted, not run yet
+        self.under_scheduler = False
 
     def hold_early(self, signals: Iterable[int]) -> None:
         if self.thread is None and threading.active_count() == 1:
@@ -117,38 +171,65 @@ class _Inbox:
     def start(self, signals: Iterable[int]) -> bool:
         if self.thread is not None:
             return True
-        if threading.active_count() > 1 or not hasattr(signal, "sigwaitinfo"):
+        if threading.active_count() > 1:
             return False  # a thread that does not block them would take some: senders unknown
-        self.signals = frozenset(signals) | self.early
-        signal.pthread_sigmask(signal.SIG_BLOCK, self.signals)
+        wanted = frozenset(signals) | self.early
+        signal.pthread_sigmask(signal.SIG_BLOCK, wanted)
+        self.fd = _signalfd(wanted)
+        if self.fd is None:  # no signalfd: the ordinary way (what came early is delivered)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, wanted)
+            self.early = frozenset()
+            return False
+        self.signals = wanted
+        self.under_scheduler = "SLURM_JOB_ID" in os.environ
         self.thread = threading.Thread(target=self._take, name="forgelm-tui-signals",
                                        daemon=True)
         self.thread.start()
         return True
 
     def _take(self) -> None:
-        under_scheduler = "SLURM_JOB_ID" in os.environ
-        me = threading.get_ident()
+        assert self.fd is not None
         while True:
-            info = signal.sigwaitinfo(self.signals)
-            sender = classify(info.si_pid, info.si_uid, info.si_code, _comm(info.si_pid),
-                              os.getppid(), under_scheduler)
-            with self.lock:
-                route = self.routes.get(info.si_signo)
-                if route is None and info.si_signo not in self.routed:  # its handler comes
-                    self.waiting.setdefault(info.si_signo, []).append(sender)
-                    continue
-            if route is not None:
-                loop, callback = route
-                with contextlib.suppress(RuntimeError):  # the loop closed: the ordinary way
-                    loop.call_soon_threadsafe(callback, sender)
-                    continue
-            # The ordinary delivery, to this thread alone: the handler (or default) runs now.
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {info.si_signo})
-            try:
-                signal.pthread_kill(me, info.si_signo)
-            finally:
-                signal.pthread_sigmask(signal.SIG_BLOCK, {info.si_signo})
+            select.select([self.fd], [], [])  # readable: nothing is taken yet
+            with self.lock:  # read and posted before unread() can look
+                ordinary = [s for s in _read_all(self.fd) if not self._post(*s)]
+            for signo, *_ in ordinary:
+                _deliver(signo)
+
+    def _post(self, signo: int, code: int, pid: int, uid: int) -> bool:
+        """With the lock: one signal read to its route (or its wait for one); False: it goes
+        the ordinary way (its route was removed: the run is over)."""
+        sender = classify(pid, uid, code, _comm(pid), os.getppid(), self.under_scheduler)
+        route = self.routes.get(signo)
+        if route is None:
+            if signo in self.routed:
+                return False
+            self.waiting.setdefault(signo, []).append(sender)  # its handler comes
+            return True
+        loop, callback = route
+        try:
+            loop.call_soon_threadsafe(self._run, callback, sender)
+        except RuntimeError:  # the loop closed
+            return False
+        self.posted += 1
+        return True
+
+    def _run(self, callback: Callable[[Sender], None], sender: Sender) -> None:
+        with self.lock:
+            self.posted = max(0, self.posted - 1)
+        callback(sender)
+
+    def unread(self) -> bool:
+        """On a route's loop: True while a signal received before this call has not been
+        handed to its callback yet (what is still in the descriptor is posted now)."""
+        if self.fd is None:
+            return False
+        with self.lock:
+            ordinary = [s for s in _read_all(self.fd) if not self._post(*s)]
+            posted = self.posted
+        for signo, *_ in ordinary:
+            _deliver(signo)
+        return posted > 0
 
     def route(self, sig: int, loop: asyncio.AbstractEventLoop,
               callback: Callable[[Sender], None] | None) -> bool:
@@ -157,11 +238,14 @@ class _Inbox:
         with self.lock:
             if callback is None:
                 self.routes.pop(sig, None)
+                if not self.routes:  # the run is over: what its loop never ran is not waited for
+                    self.posted = 0
                 return True
             self.routes[sig] = (loop, callback)
             self.routed.add(sig)
             for sender in self.waiting.pop(sig, []):  # what came while the run was starting
-                loop.call_soon_threadsafe(callback, sender)
+                loop.call_soon_threadsafe(self._run, callback, sender)
+                self.posted += 1
         return True
 
     @contextlib.contextmanager
@@ -198,6 +282,14 @@ def route(sig: int, loop: asyncio.AbstractEventLoop,
     """``sig`` goes to ``callback`` on ``loop`` with its sender (None: no more). False when the
     inbox does not take ``sig`` (not started): the caller's ordinary handler is all there is."""
     return _INBOX.route(sig, loop, callback)
+
+
+def unread() -> bool:
+    """On the run's loop: True while a signal the supervisor received before this call waits
+    for its route's callback (posted now if it was still unread): run what the loop has ready,
+    then ask again. Always False without the inbox. A signal delivered the ordinary way while a
+    rank is spawned (:func:`children_unblocked`) is not seen here."""
+    return _INBOX.unread()
 
 
 def children_unblocked() -> contextlib.AbstractContextManager[None]:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from forgelm_tui.channel import CHANNEL_ENV, STACKS_ENV, STACKS_SIGNAL
 from forgelm_tui.engine import events as ev
+from forgelm_tui.engine import signal_inbox
 from forgelm_tui.engine.channel import ChannelServer
 from forgelm_tui.engine.descendants import Descendants
 from forgelm_tui.engine.early_stop import EarlyStop
@@ -46,6 +47,7 @@ from forgelm_tui.signames import signal_name
 
 PIPE_EOF_WAIT = 2.0  # after the last rank ends, how long a stray holder may keep its pipes
 FAULT_WAIT = 5.0  # after a supervisor error, past the grace: the run ends whatever happened
+SIGNALS_WAIT = 1.0  # at the ranks' end, for the signals received before it to be acted on
 
 
 class Supervisor:
@@ -100,7 +102,7 @@ class Supervisor:
         self._events.listeners.append(listener)
 
     def snapshot(self) -> ev.RunSnapshot:
-        stop = self._stopping_event()
+        stop = self._policy.stopping_event()
         return ev.RunSnapshot(
             self.spec.run_id, self.spec.world_size, self.spec.shown_argv, str(self.spec.run_dir),
             self.started_at, tuple(r.snapshot() for r in self.records.values()), stop,
@@ -347,8 +349,13 @@ class Supervisor:
 
     def _drained(self) -> None:
         """This node's ranks are over and their output read; the run ends when every node's
-        are (other nodes keep this loop, the policy and the signal handlers alive)."""
+        are (other nodes keep this loop, the policy and the signal handlers alive). A signal
+        the supervisor got before is acted on first: its cancel is in this node's outcome."""
         if not self._local_done:
+            last = max((r.ended_mono or 0.0) for r in self.records.values())
+            if signal_inbox.unread() and time.monotonic() < last + SIGNALS_WAIT:
+                self._timers.start("signals", 0.0, self._drained)  # after the posted ones
+                return
             self._local_done = True
             self._timers.cancel("eof")
             self.hooks.local_done()
@@ -385,13 +392,6 @@ class Supervisor:
             self._processes.signal(record, signal.SIGKILL, group=True)
         self.descendants.signal(signal.SIGKILL, scan_after=False)  # what the ranks left
         self._finish()
-
-    def _stopping_event(self) -> ev.RunStopping | None:
-        stop = self.stop
-        if stop is None:
-            return None
-        live = tuple(r.rank for r in self.records.values() if r.alive)
-        return ev.RunStopping(stop.kind, stop.reason, stop.origin, stop.grace, live, stop.at)
 
     def signalled(self, sig: int, sender: Sender | None = None) -> None:
         """A stop signal to the supervisor (engine/own_signals.py): a cancel."""
