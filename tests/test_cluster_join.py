@@ -156,7 +156,7 @@ def test_the_links_connections_are_made_while_joining(nodes: Nodes) -> None:
     started = [nodes.start(2, rank, run_id="job-8", run_id_fixed=True) for rank in (0, 1)]
     for node in started:
         node.membership()
-        assert len(node.joiner.spares) == SPARES == 2
+        assert len(node.joiner.spares) == SPARES == 3
         for spare in node.joiner.spares:
             spare.set_timeout(5.0)
             assert spare.has(["node/0", "node/1"])  # the run's keys: its prefix

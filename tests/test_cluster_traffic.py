@@ -175,12 +175,28 @@ def test_a_stop_reaches_every_node_in_the_same_few_calls_whatever_the_nodes(nnod
     store = cluster_store(nnodes)
     stop = {"kind": "failure", "origin_node": nnodes - 1}
     Traffic(nnodes - 1, nnodes).publish(store, "stop", stop)
-    # first writer wins, a numbered broadcast key, node 0's queue: 5 calls
-    assert store.calls == 5
+    # first writer wins, the alarm, a numbered broadcast key, node 0's queue: 6 calls
+    assert store.calls == 6 and store.data["alarm"] == "1"
     readers = [BroadcastReader(store) for _ in range(3)]
     assert all(r.read(0.1) == {"kind": "stop", "stop": stop} for r in readers)
     assert all(r.read(0.1) is None for r in readers)
     assert store.queues["inbox/0"] == [json.dumps({"kind": "stop", "stop": stop})]
+
+
+def test_the_alarm_is_set_by_a_stop_that_won_and_is_not_a_stall() -> None:
+    """Every node's alarm thread sends its SIGTERM pass on the alarm, before the record is
+    read (cluster/alarm.py): a stall's stop (stacks first), an escalation, a stop that lost
+    and a heartbeat set none."""
+    for kind, payload, alarm in (("stop", {"kind": "stall"}, False),
+                                 ("kill", {"reason": "x", "node": 1}, False),
+                                 ("beat", {"seq": 1}, False), ("stop", {"kind": "cancel"}, True)):
+        store = cluster_store(4)
+        Traffic(1, 4).publish(store, kind, payload)
+        assert ("alarm" in store.data) is alarm, kind
+    store = cluster_store(4)
+    Traffic(2, 4).publish(store, "stop", {"kind": "stall"})
+    Traffic(1, 4).publish(store, "stop", {"kind": "failure"})  # lost to the stall's record
+    assert "alarm" not in store.data
 
 
 def test_a_second_stop_is_not_broadcast() -> None:

@@ -25,7 +25,7 @@ from forgelm_tui.cluster.store import (
 
 POLL = 0.05
 CONNECT_TRY = 2.0  # one connection attempt; repeated until the join deadline
-SPARES = 2  # connections made while joining for the link's inbox and ticker (cluster/link.py)
+SPARES = 3  # connections made while joining: the link's inbox, ticker and alarm (link.py)
 # One call once connected (ClusterConfig.call_wait, 10 s; --rdzv-conf read_timeout): a node 0
 # starved of CPU answers late, not never.
 MEMBERS_WAIT = 0.25  # one wait for the members; abort, cancel and the deadline between waits

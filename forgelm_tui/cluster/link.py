@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import os
 import queue
 import socket
 import threading
@@ -22,6 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from forgelm_tui.cluster.alarm import alarm_thread
 from forgelm_tui.cluster.join import ClusterConfig, Membership
 from forgelm_tui.cluster.liveness import Liveness
 from forgelm_tui.cluster.store import (
@@ -57,7 +59,7 @@ class NodeLink:
         self.config = config
         self.store = store
         store.set_timeout(TICK_WAIT)  # the join's connection, the publisher's from now on
-        # made while joining: the inbox's, the ticker's; then new ones (a call timed out)
+        # made while joining: the inbox's, ticker's, alarm's; then new ones (a call timed out)
         self._connections = Connections(store, spares, "127.0.0.1" if self.me == 0
                                         else config.store_host, config.store_port,
                                         config.node_timeout)
@@ -80,15 +82,13 @@ class NodeLink:
         self.agreed_stop: dict[str, Any] | None = None
         self.verdict_ready = asyncio.Event()
         self._commands: queue.Queue[tuple[str, Any]] = queue.Queue()  # the ticker's
-        # stops, escalations, the first failure, the final: a thread and connection of their
-        # own, never queued behind a heartbeat's calls (on a starved machine one took 4.5 s)
+        # stops, escalations, first failure, final: own thread, never behind a beat's calls
         self._urgent: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._closed = threading.Event()
         self._threads: list[threading.Thread] = []
         self._seq = 0
         self._phase = NodeState.RUNNING
-        self._kill_seen = False
-        self._failure_told = False
+        self._kill_seen = self._failure_told = False
         self._beat_handle: asyncio.TimerHandle | None = None
         self._next: tuple[NodeBeat, tuple[int, int], dict[str, Any] | None] = (
             NodeBeat(self.me, NodeState.RUNNING, 0, None, {}), (0, 0), None)
@@ -98,17 +98,18 @@ class NodeLink:
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.sup.subscribe(self.on_event)
+        self.sup.subscribe(self.on_event, urgent=True)  # a stop's broadcast before view work
         self._beat()  # the first heartbeat's content, before the ticker's first tick
         for name, target in (("inbox", self._inbox_thread), ("ticker", self._ticker_thread),
                              ("publisher", self._publisher_thread)):
             thread = threading.Thread(target=target, name=f"forgelm-tui-{name}", daemon=True)
             thread.start()
             self._threads.append(thread)
+        threading.Thread(target=alarm_thread, name="forgelm-tui-alarm", daemon=True, args=(
+            self.sup, self._connections, self.me, self._closed, self._post)).start()  # not joined
 
     def close(self) -> None:
-        """Stop the threads (node 0's inbox is woken by a message to itself; another node's
-        broadcast reader notices within its wait, a daemon thread nobody waits for)."""
+        """Stop the threads (node 0's inbox: by a message to itself; the others' in a wait)."""
         if self._closed.is_set():
             return
         self._closed.set()
@@ -129,6 +130,7 @@ class NodeLink:
             if stop.kind is StopKind.FAILURE and self.failure_seen is None:
                 self.failure_seen = time.monotonic()
             self._urgent.put(("stop", stop_to_wire(stop)))
+            os.sched_yield()  # the GIL to the publisher now, not after the views' work
         elif isinstance(event, ev.RankExited) and not self._failure_told:
             record = self.sup.records.get(event.rank)
             if record is not None and record.ending().failed_on_own:
@@ -148,8 +150,7 @@ class NodeLink:
         self._commands.put(("tick", None))  # its end at once, not at the next tick
 
     def _beat(self, reschedule: bool = True) -> None:
-        """What the next heartbeat says (the ticker sends it and numbers it: a loop held up
-        for seconds, by a flood of output or a starved CPU, does not make the node silent)."""
+        """What the next heartbeat says (the ticker numbers it: a held-up loop is no silence)."""
         records = list(self.sup.records.values())
         now = time.monotonic()
         own = NodeBeat.of(self.me, self._phase, records, now)
@@ -181,8 +182,7 @@ class NodeLink:
             kill_known=self._kill_seen))
 
     def _viewers(self) -> int:
-        """Nodes other than this one that show rank details (a node counts itself while it
-        views; the count is node 0's, a tick or two old)."""
+        """Other nodes that show rank details (node 0's count, a tick old, less this one's)."""
         viewers = self.viewers if self.cluster is None else self.cluster.viewers
         return viewers - (1 if self.watch.viewing else 0)
 
@@ -293,8 +293,7 @@ class NodeLink:
                                            lost_node=lost))
 
     def lost_before_failure(self) -> tuple[int, tuple[int, ...]] | None:
-        """The node whose loss the first failure stop is collateral of, and its ranks; None
-        when no failure, or no node went silent before it (Liveness.silent_before; SPEC §10)."""
+        """The node whose loss the first failure stop is collateral of, and its ranks (§10)."""
         if self.failure_seen is None:
             return None
         source = self.liveness if self.cluster is None else self.cluster
@@ -338,7 +337,8 @@ class NodeLink:
                 self._commands.put(("final-of", message.get("node")))  # read it at once
                 continue
             if message.get("kind") == "stop" and (early := others_stop(message, self.me)):
-                self.sup.early_stop(early)  # its SIGTERM pass now (engine/early_stop.py)
+                self.sup.early_stop(early)  # its SIGTERM pass now, or the alarm's pass's record
+                self._post(self.sup.early_exits)  # (engine/early_stop.py, cluster/alarm.py)
             self._post(self._on_message, message)
 
     def _ticker_thread(self) -> None:

@@ -170,6 +170,16 @@ class ControlStore:
         finally:
             self.set_timeout(before)
 
+    def wait_for(self, name: str, timeout: float) -> bool:
+        """Whether ``name`` is set within ``timeout``, nothing read: the store answers every
+        waiter of a key as it is written, one round trip (``get`` takes a second one)."""
+        try:
+            with _translated(f"wait {name}"):
+                self._raw.wait([self.key(name)], timedelta(seconds=timeout))
+        except StoreTimeout:
+            return False
+        return True
+
     def broadcast(self, value: Any) -> None:
         """A message every node's :class:`BroadcastReader` gets: two calls, whatever the
         number of nodes (a numbered key each node waits on; the store wakes them all)."""

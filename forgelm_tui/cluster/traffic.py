@@ -6,7 +6,8 @@ fake store (docs/multinode.md, "What it costs").
 - node 0 reads every heartbeat, the finals announced, the viewers' count, and writes the
   summary (cluster/summary.py); every other node reads that summary only;
 - a stop or an escalation is written once (first writer wins) and broadcast: two more calls,
-  whatever the number of nodes (and a push to node 0's queue from any other node);
+  whatever the number of nodes (and a push to node 0's queue from any other node); a stop
+  that is not a stall's also sets the alarm every node waits on (cluster/alarm.py): one more;
 - rank details only while some node shows them: rows while any node views, a node's ranks
   while a view opened it (cluster/views.py); a node reads who opened it (``watch/<i>``) only
   while some node views.
@@ -21,6 +22,9 @@ from forgelm_tui.cluster.store import ControlStore
 from forgelm_tui.cluster.views import VIEW_EVERY, ViewReader
 from forgelm_tui.engine.events import NodeState
 from forgelm_tui.engine.node_summary import Watch
+from forgelm_tui.verdict import StopKind
+
+ALARM = "alarm"  # set by a stop's publisher; every node's alarm thread waits for it
 
 Wire = dict[str, Any]
 
@@ -65,6 +69,8 @@ class Traffic:
         elif kind == "first-failure":
             store.first(kind, payload)
         elif kind in ("stop", "kill") and store.first(kind, payload) == payload:
+            if kind == "stop" and payload.get("kind") != StopKind.STALL.value:
+                store.set(ALARM, 1)  # every node's SIGTERM pass, one round trip (cluster/alarm.py)
             message = {"kind": kind, kind: payload}
             store.broadcast(message)  # the first writer tells everyone now: one write
             if self.me != 0:

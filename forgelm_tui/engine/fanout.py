@@ -14,6 +14,7 @@ Listener = Callable[[ev.Event], None]
 class Fanout:
     def __init__(self, on_error: Callable[[Exception, Listener], None]) -> None:
         self.listeners: list[Listener] = []
+        self.urgent: list[Listener] = []  # given every held event before the others get any
         self.held: list[ev.Event] | None = None
         self._on_error = on_error
 
@@ -21,7 +22,10 @@ class Fanout:
         if self.held is not None:
             self.held.append(event)
             return
-        for listener in self.listeners:
+        self._deliver(event, self.urgent + self.listeners)
+
+    def _deliver(self, event: ev.Event, listeners: list[Listener]) -> None:
+        for listener in listeners:
             try:
                 listener(event)
             except Exception as exc:  # a view's bug: recorded, the ranks stopped, never a hang
@@ -39,5 +43,6 @@ class Fanout:
             yield self.held
         finally:
             held, self.held = self.held, None
-            for event in held:
-                self.emit(event)
+            for listeners in (self.urgent, self.listeners):  # a stop's broadcast before views
+                for event in held:
+                    self._deliver(event, listeners)

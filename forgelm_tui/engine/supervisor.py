@@ -78,7 +78,8 @@ class Supervisor:
         self._peers = self._policy.peers
         self._stacks = StackCapture(spec.run_dir, self._signal_for_stacks, self.emit,
                                     deadline=spec.stacks_deadline, py_spy=find_py_spy())
-        self._early = EarlyStop()  # another node's stop, signalled by the thread that read it
+        self._early = EarlyStop(self._timers, self._on_exit)  # another node's stop (early_stop)
+        self.early_exits = self._early.release  # the loop, once the early pass's record came
         self._launched = False
         self._ranks_gone = False
         self._local_done = False
@@ -98,8 +99,8 @@ class Supervisor:
     def extend_grace(self, grace: float, why: str) -> bool:
         return self._policy.extend_grace(grace, why)
 
-    def subscribe(self, listener: Listener) -> None:
-        self._events.listeners.append(listener)
+    def subscribe(self, listener: Listener, urgent: bool = False) -> None:
+        (self._events.urgent if urgent else self._events.listeners).append(listener)
 
     def snapshot(self) -> ev.RunSnapshot:
         stop = self._policy.stopping_event()
@@ -165,8 +166,7 @@ class Supervisor:
         self.emit(ev.RunFinished(self.ended_at))
 
     def settle(self, spec: LaunchSpec) -> None:
-        """Before the launch only: the spec as the join settled it (run id, node rank, ports,
-        run dir). The records are rebuilt in place: the policy holds the same mapping."""
+        """Before the launch only: the spec as the join settled it; records rebuilt in place."""
         assert not self._launched
         self.spec = spec
         self.records.clear()
@@ -205,6 +205,8 @@ class Supervisor:
     # ----------------------------------------------------------------- facts in
 
     def _on_exit(self, record: RankRecord, returncode: int) -> None:
+        if self._early.hold(record, returncode):
+            return  # it may have died of an early pass whose record is on its way
         early = self._early.pending() if record.early_stop_at is not None else None
         if early is not None:  # the stop whose SIGTERM it may have died of: first
             self.apply_stop(early)
@@ -253,9 +255,8 @@ class Supervisor:
             self._policy.kill_now(source, origin)
 
     def apply_stop(self, stop: StopRecord, *, ranks_started: bool = True) -> None:
-        """Another node's stop record (or a lost node): stop this node's ranks the same way,
-        with the record's grace. A cancel that came from a signal (a scheduler signalling
-        every node's supervisor at once) makes this node's first such signal the same cause."""
+        """Another node's stop record (or a lost node): this node's ranks stop the same way, with
+        its grace; a cancel by a signal (scancel: every node's) makes this node's the same cause."""
         self._early.close()
         if stop.source == CancelSource.SIGNAL.value:
             self._policy.note_cause(OUTSIDE_SIGNAL)
@@ -263,8 +264,8 @@ class Supervisor:
             self._policy.apply_stop(stop)  # a stall: this node's stacks first, as for its own
         self._check_finished()
 
-    def early_stop(self, stop: StopRecord) -> bool:
-        """Any thread: another node's stop's SIGTERM pass, now (engine/early_stop.py)."""
+    def early_stop(self, stop: StopRecord | None) -> bool:
+        """Any thread: another node's stop's SIGTERM pass now; None: its record follows."""
         return self._early.signal(stop, self.records.values())
 
     def apply_kill(self, reason: str) -> None:
@@ -275,8 +276,7 @@ class Supervisor:
     def forward(self, sig: int, origin: str | None = "operator",
                 source: CancelSource = CancelSource.OPERATOR,
                 sender: Sender | None = None) -> None:
-        """A signal to every live rank's main process, nothing stopped; the scheduler's is held
-        for ranks without a handler yet, or only recorded if it reached them (held_forwards)."""
+        """A signal to every live rank's main process, nothing stopped (held_forwards.py)."""
         origin = origin or f"{signal_name(sig)} to the supervisor"
         request = ForwardRequest(source, origin, sig, time.time(), (), sender=sender)
         done = self._held.forward(request, self._launched, self._policy.live(), self.signal_ranks,
