@@ -24,7 +24,11 @@ twice a second, as the issue's measurement did), running long enough for the win
 - with ``--fail-runs R``, then R runs per N x K whose last rank exits 2 two seconds after the
   join: **failure -> every rank signalled** (the latest first stop signal among the other
   ranks, from node 0's envelope, against the failing rank's own ``time.time()``), **-> every
-  supervisor exited**, every exit 2; median and max over the runs.
+  supervisor exited**, every exit 2; median and max over the runs. The ranks die of their
+  SIGTERM at once (its default action), or with ``--graceful-ranks`` end at the end of their
+  step (a trainer that finishes its step first): on one machine the first puts every rank's
+  death (~0.6-1 ms of CPU each) on the same 2 cores as the fan-out (bench/RESULTS.md,
+  session 23).
 
 - with ``--viewer``, a viewer attached to node 0 during the steady runs (what rank details
   cost while someone views them): ``--viewer all`` shows every node's ranks (a view that
@@ -58,6 +62,7 @@ from multinode import port_pair  # bench/multinode.py: P and P + 1 free (the con
 ROOT = Path(__file__).resolve().parent.parent
 FTUI = os.environ.get("BENCH_FORGELM_TUI", str(Path(sys.executable).parent / "forgelm-tui"))
 STEPPER = str(ROOT / "bench" / "ranks" / "stepper.py")
+RANK_MODE: list[str] = []  # --graceful-ranks: ["--graceful"]
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 TICK = os.sysconf("SC_CLK_TCK")
 CONN = re.compile(r"(\S+)\s+(\S+)\s*$")
@@ -99,7 +104,7 @@ def command(launcher: str, nodes: int, node: int, ranks: int, port: int, slot: P
             node_timeout: float) -> list[str]:
     """One node's launcher: forgelm-tui (its control store on P + 1), or torchrun's c10d
     rendezvous (its store on P, hosted by the first agent), the same stepper ranks."""
-    ranks_argv = [STEPPER, str(slot / "marks"), "600", "2"]  # ended by marks/stop or marks/fail
+    ranks_argv = [STEPPER, str(slot / "marks"), "600", "2", *RANK_MODE]  # ended by marks/stop
     if launcher == "torchrun":
         return [TORCHRUN, "--nnodes", str(nodes), "--nproc-per-node", str(ranks),
                 "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
@@ -282,7 +287,7 @@ def failures(nodes: int, ranks: int, runs: int, out: Path, node_timeout: float,
     rows = [fail_once(nodes, ranks, out, node_timeout, fail_after) for _ in range(runs)]
     worst = [r["signalled_max_ms"] for r in rows if r["signalled_max_ms"] is not None]
     return {"launcher": launcher, "nodes": nodes, "ranks_per_node": ranks, "runs": runs,
-            "fail_after_s": fail_after,
+            "fail_after_s": fail_after, "ranks_on_sigterm": "graceful" if RANK_MODE else "die",
             "signalled_max_ms_median": round(statistics.median(worst), 1) if worst else None,
             "signalled_max_ms_max": max(worst) if worst else None,
             "exited_ms_median": round(statistics.median(r["exited_ms"] for r in rows), 1),
@@ -327,8 +332,13 @@ def main() -> int:
                         help="forgelm-tui with a viewer attached to node 0 for the steady runs: "
                              "all (the default) shows every node's ranks, rows the node rows "
                              "only (a grouped TUI with no node opened)")
+    parser.add_argument("--graceful-ranks", action="store_true",
+                        help="the ranks end at the end of their step on SIGTERM (as a trainer "
+                        "that finishes its step does) instead of dying of it at once: the "
+                        "fan-out without 255 deaths on the same 2 cores at the same moment")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "scale")
     opts = parser.parse_args()
+    RANK_MODE[:] = ["--graceful"] if opts.graceful_ranks else []
     launchers = opts.launchers.split(",")
     opts.out.mkdir(parents=True, exist_ok=True)
     rows = []

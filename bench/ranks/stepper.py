@@ -1,16 +1,19 @@
 """Rank program for the TUI bench: record pid and parent pid, then train at a steady pace.
 
-argv: DIR SECONDS [STEPS_PER_S]. Writes DIR/ready-RANK = "PID PPID" as sleeper.py does, then
-for SECONDS reports a step (of 100,000) and a falling, noisy loss on the channel and prints
-``step N/T loss X``, STEPS_PER_S (10) times a second, as the demo does: what the TUI's bars,
-pace and curves are fed. Exits 0, after SECONDS or as soon as DIR/stop exists (bench/scale.py
-ends a run when its window is measured). When DIR/fail exists, the last rank writes its
-``time.time()`` to DIR/failed-at and exits 2 at once (bench/scale.py's failure fan-out).
+argv: DIR SECONDS [STEPS_PER_S] [--graceful]. Writes DIR/ready-RANK = "PID PPID" as
+sleeper.py does, then for SECONDS reports a step (of 100,000) and a falling, noisy loss on the
+channel and prints ``step N/T loss X``, STEPS_PER_S (10) times a second, as the demo does: what
+the TUI's bars, pace and curves are fed. Exits 0, after SECONDS or as soon as DIR/stop exists
+(bench/scale.py ends a run when its window is measured). When DIR/fail exists, the last rank
+writes its ``time.time()`` to DIR/failed-at and exits 2 at once (bench/scale.py's failure
+fan-out). ``--graceful``: a SIGTERM ends the rank at the end of its current step, exit 0, as a
+trainer that finishes its step first does (without it the default action: it dies at once).
 """
 
 import math
 import os
 import random
+import signal
 import sys
 import time
 
@@ -18,6 +21,9 @@ from forgelm_tui.rank import report_progress
 
 out, seconds = sys.argv[1], float(sys.argv[2])
 rate = float(sys.argv[3]) if len(sys.argv) > 3 else 10.0
+stopped: list[int] = []
+if "--graceful" in sys.argv[4:]:
+    signal.signal(signal.SIGTERM, lambda signum, frame: stopped.append(signum))
 rank = int(os.environ["RANK"])
 path = os.path.join(out, f"ready-{rank}")
 with open(path + ".tmp", "w") as handle:
@@ -29,7 +35,7 @@ step = 0
 stop, fail = os.path.join(out, "stop"), os.path.join(out, "fail")
 last = rank == int(os.environ.get("WORLD_SIZE", "1")) - 1
 while (elapsed := time.monotonic() - start) < seconds:
-    if step % 4 == 0 and os.path.exists(stop):
+    if stopped or (step % 4 == 0 and os.path.exists(stop)):
         break
     if last and os.path.exists(fail):
         with open(os.path.join(out, "failed-at"), "w") as handle:
