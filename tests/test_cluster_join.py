@@ -15,7 +15,7 @@ from conftest import wait_for
 
 from forgelm_tui import __version__
 from forgelm_tui.cluster.join import ClusterConfig, JoinCancelled, Joiner, JoinRefused, Membership
-from forgelm_tui.cluster.store import ControlStore
+from forgelm_tui.cluster.store import ControlStore, StoreTimeout
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -329,3 +329,24 @@ def test_client_started_before_node0_keeps_retrying(nodes: Nodes,
     member = early.membership()
     assert (member.node_rank, member.run_id, member.hosting) == (1, "run-of-0", False)
     assert node0.membership().node_rank == 0
+
+
+def test_a_node_that_loses_the_store_after_registering_tells_the_others(
+        nodes: Nodes, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Node 1 registered, then a connection it makes while joining failed (a loaded machine:
+    a CI run saw one connect time out after 2 s): it says why, and node 0, whose join timeout
+    is 20 s, refuses at once with that reason instead of waiting its timeout out."""
+    real = Joiner._client
+
+    def failing(self: Joiner, timeout: float) -> ControlStore:
+        if self.config.node_rank == 1:
+            raise StoreTimeout("the client socket has timed out after 2000ms")
+        return real(self, timeout)
+
+    monkeypatch.setattr(Joiner, "_client", failing)
+    node0 = nodes.start(2, 0)
+    node1 = nodes.start(2, 1)
+    messages = {str(n.refused()) for n in (node1, node0)}
+    assert len(messages) == 1, messages
+    message = messages.pop()
+    assert message.startswith("node 1 could not finish joining: control store:"), message

@@ -30,6 +30,7 @@ SPARES = 3  # connections made while joining: the link's inbox, ticker and alarm
 # starved of CPU answers late, not never.
 MEMBERS_WAIT = 0.25  # one wait for the members; abort, cancel and the deadline between waits
 LINGER = 3.0  # node 0, refusing: how long it waits for the others to read why
+REFUSE_WAIT = 2.0  # a refusal's write, whatever the join timeout left (the others wait on it)
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,7 @@ class Joiner:
         self.store: ControlStore | None = None  # node 0's is the server as well
         self.hosting = False
         self.registered = False  # this node's node/<rank> key is its own
+        self.registered_as = -1
         # The control plane's other connections, made while joining: the store's server
         # looks each new client's address up in DNS on its one thread (torch's TCPStore; a
         # resolver that does not answer holds every call of every node for its 5 s timeout:
@@ -106,6 +108,19 @@ class Joiner:
         self.round = 0  # the attempt this node joins (elastic: the round under way)
 
     def join(self) -> Membership:
+        """This node's membership, or JoinRefused with why (every registered node gets the
+        same reason: a node that loses the store once registered says so, if it can, rather
+        than leave the others waiting for their join timeout)."""
+        try:
+            return self._join()
+        except (StoreLost, StoreTimeout) as exc:
+            if self.store is None or not self.registered:
+                raise
+            self._refuse(self.store, f"node {self.registered_as} could not finish joining: "
+                         f"control store: {exc}")
+            raise  # not reached: _refuse raises
+
+    def _join(self) -> Membership:
         cfg = self.config
         torch_distributed()  # importing torch (seconds) overlaps node 0's start
         store = self._open()
@@ -149,7 +164,7 @@ class Joiner:
         me = NodeInfo(node_rank, socket.gethostname(), os.getpid(), cfg.nproc, cfg.version,
                       os.urandom(8).hex())
         held = store.first(f"node/{node_rank}", asdict(me))
-        self.registered = held == asdict(me)
+        self.registered, self.registered_as = held == asdict(me), node_rank
         if not self.registered:
             self._refuse(store, f"node rank {node_rank} {joined} twice: {held['host']} pid "
                          f"{held['pid']} and {me.host} pid {me.pid}")
@@ -250,6 +265,7 @@ class Joiner:
             if self.cancelled():
                 raise JoinCancelled()
             if self.clock() >= self.deadline:
+                store.set_timeout(max(store.timeout, REFUSE_WAIT))  # naming them, then saying it
                 missing = [n for n in range(nnodes) if not store.has([f"node/{n}"])]
                 self._refuse(store, f"node{'s' if len(missing) > 1 else ''} "
                              f"{', '.join(map(str, missing))} never joined within the join "
@@ -268,6 +284,7 @@ class Joiner:
         """Publish why the run cannot start (the first reason wins) and refuse with it."""
         stop = None
         try:
+            store.set_timeout(max(store.timeout, REFUSE_WAIT))
             held = store.first("abort", {"message": message})
             message, stop = held["message"], held.get("stop")
             self._seen_abort(store)
