@@ -191,10 +191,19 @@ class _Inbox:
         assert self.fd is not None
         while True:
             select.select([self.fd], [], [])  # readable: nothing is taken yet
-            with self.lock:  # read and posted before unread() can look
-                ordinary = [s for s in _read_all(self.fd) if not self._post(*s)]
-            for signo, *_ in ordinary:
-                _deliver(signo)
+            self._read()
+
+    def _read(self) -> int:
+        """Every signal in the descriptor to its route (read and posted under the lock, so
+        :meth:`unread` sees each one in one place or the other), the rest delivered the
+        ordinary way; how many routed callbacks wait to run."""
+        assert self.fd is not None
+        with self.lock:
+            ordinary = [s for s in _read_all(self.fd) if not self._post(*s)]
+            posted = self.posted
+        for signo, *_ in ordinary:
+            _deliver(signo)
+        return posted
 
     def _post(self, signo: int, code: int, pid: int, uid: int) -> bool:
         """With the lock: one signal read to its route (or its wait for one); False: it goes
@@ -222,14 +231,7 @@ class _Inbox:
     def unread(self) -> bool:
         """On a route's loop: True while a signal received before this call has not been
         handed to its callback yet (what is still in the descriptor is posted now)."""
-        if self.fd is None:
-            return False
-        with self.lock:
-            ordinary = [s for s in _read_all(self.fd) if not self._post(*s)]
-            posted = self.posted
-        for signo, *_ in ordinary:
-            _deliver(signo)
-        return posted > 0
+        return self.fd is not None and self._read() > 0
 
     def route(self, sig: int, loop: asyncio.AbstractEventLoop,
               callback: Callable[[Sender], None] | None) -> bool:

@@ -352,8 +352,8 @@ class Supervisor:
         are (other nodes keep this loop, the policy and the signal handlers alive). A signal
         the supervisor got before is acted on first: its cancel is in this node's outcome."""
         if not self._local_done:
-            last = max((r.ended_mono or 0.0) for r in self.records.values())
-            if signal_inbox.unread() and time.monotonic() < last + SIGNALS_WAIT:
+            if signal_inbox.unread() and time.monotonic() < SIGNALS_WAIT + max(
+                    (r.ended_mono or 0.0) for r in self.records.values()):
                 self._timers.start("signals", 0.0, self._drained)  # after the posted ones
                 return
             self._local_done = True
